@@ -1,0 +1,4 @@
+//! UniCAS client library and the `unicas` command-line tool.
+#![forbid(unsafe_code)]
+
+pub mod cli;

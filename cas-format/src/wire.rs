@@ -1,0 +1,296 @@
+//! Request and response bodies of the data plane (`/v1/cas/*`), shared by service and client so
+//! that the two cannot drift. Field names are the JSON names of the contract (camelCase);
+//! timestamps are milliseconds since the Unix epoch.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hash::Hash;
+use crate::ids::RequestId;
+
+/// The error body of every non-2xx answer: a stable code and a safe message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    /// Stable machine-readable code, e.g. `APP_SUSPENDED`.
+    pub error: String,
+    /// Human-readable detail that never names a path, key, query or other partition.
+    pub message: String,
+}
+
+/// Body of `POST /v1/cas/nodes/{hash}/lease`: exactly one field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LeaseRequest {
+    /// Requested lease duration; the service clamps it (60 s … 24 h by default).
+    pub lease_duration_ms: u64,
+}
+
+/// Where and how to upload a portable full node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UploadTarget {
+    /// Always `PUT`.
+    pub method: String,
+    /// A presigned, write-once URL.
+    pub url: String,
+    /// When the URL stops working.
+    pub expires_at: i64,
+    /// Headers to send exactly as given (lowercase names).
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Why an uploaded node was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Rejection {
+    /// `NODE_DIGEST_MISMATCH`, `INVALID_CANONICAL_NODE`, `NODE_TOO_LARGE`, `SVALUE_REFS_MISMATCH`, …
+    pub code: String,
+    pub message: String,
+}
+
+/// The answer to a lease: a union discriminated by `state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum LeaseResponse {
+    /// The node is ready and leased until `leaseExpiresAt`.
+    #[serde(rename_all = "camelCase")]
+    Ready {
+        hash: Hash,
+        lease_started_at: i64,
+        lease_expires_at: i64,
+    },
+    /// PUT the portable node to `upload`, then repeat the lease.
+    AwaitingUpload { hash: Hash, upload: UploadTarget },
+    /// The previous upload was refused; PUT a correct node to the new `upload`.
+    AwaitingReplacementUpload {
+        hash: Hash,
+        upload: UploadTarget,
+        rejection: Rejection,
+    },
+    /// The bytes are valid, but these distinct children (in canonical order) are not ready.
+    #[serde(rename_all = "camelCase")]
+    ValidatedAwaitingChildren { hash: Hash, child_hashes: Vec<Hash> },
+}
+
+impl LeaseResponse {
+    pub fn hash(&self) -> Hash {
+        match self {
+            LeaseResponse::Ready { hash, .. }
+            | LeaseResponse::AwaitingUpload { hash, .. }
+            | LeaseResponse::AwaitingReplacementUpload { hash, .. }
+            | LeaseResponse::ValidatedAwaitingChildren { hash, .. } => *hash,
+        }
+    }
+
+    /// The `state` discriminator.
+    pub fn state(&self) -> &'static str {
+        match self {
+            LeaseResponse::Ready { .. } => "ready",
+            LeaseResponse::AwaitingUpload { .. } => "awaiting_upload",
+            LeaseResponse::AwaitingReplacementUpload { .. } => "awaiting_replacement_upload",
+            LeaseResponse::ValidatedAwaitingChildren { .. } => "validated_awaiting_children",
+        }
+    }
+}
+
+/// Immutable metadata of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeMetadata {
+    pub hash: Hash,
+    /// Bytes of own content.
+    pub size: u64,
+    pub content_type: String,
+    /// Ordered child refs; duplicates are significant.
+    pub refs: Vec<Hash>,
+}
+
+/// Mutable state of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeState {
+    pub lease_started_at: i64,
+    pub lease_expires_at: i64,
+    pub child_ref_count: i64,
+    pub root_ref_count: i64,
+}
+
+/// Body of `GET /v1/cas/nodes/{hash}/metadata`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeMetadataResponse {
+    pub metadata: NodeMetadata,
+    pub state: NodeState,
+}
+
+/// Body of `GET /v1/cas/usage` (and, summed over Spaces, of the admin App usage).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Usage {
+    /// Node rows, ready or being collected.
+    pub node_count: i64,
+    /// Own-content bytes of ready rows.
+    pub ready_content_bytes: i64,
+    /// Bytes the object store holds for ready rows (after compression).
+    pub ready_stored_bytes: i64,
+    /// Bytes reserved by active upload generations.
+    pub reserved_bytes: i64,
+    /// Rows being collected.
+    pub not_ready_node_count: i64,
+    /// Rows with an unexpired lease.
+    pub leased_node_count: i64,
+}
+
+/// Body of `POST /v1/cas/gc` (optional).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GcRequest {
+    /// 1–10,000; default 100.
+    #[serde(default)]
+    pub max_nodes: Option<u32>,
+}
+
+/// Result of one bounded GC pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GcResponse {
+    pub examined: u64,
+    pub deleted: u64,
+    pub reclaimed_content_bytes: u64,
+}
+
+/// Signed, non-zero root-ref deltas by hash. Duplicate keys are refused when parsing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, i64>))]
+pub struct RefChanges(pub BTreeMap<Hash, i64>);
+
+impl<'de> Deserialize<'de> for RefChanges {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RefChanges;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of hash to signed integer delta")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RefChanges, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(hash) = map.next_key::<Hash>()? {
+                    let delta = map.next_value::<i64>()?;
+                    if out.insert(hash, delta).is_some() {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "hash {hash} appears twice in changes"
+                        )));
+                    }
+                }
+                Ok(RefChanges(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Body of `POST /v1/cas/root-refs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RootRefUpdate {
+    pub request_id: RequestId,
+    pub changes: RefChanges,
+}
+
+/// Answer to an accepted (or replayed) root-ref update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RootRefUpdateResponse {
+    pub success: bool,
+    /// True when this request id was already applied with the same changes.
+    pub idempotent: bool,
+    /// The App-global revision of the update.
+    pub revision: u64,
+}
+
+/// One root-ref balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RootRefItem {
+    pub hash: Hash,
+    pub ref_count: i64,
+}
+
+/// A page of root-ref balances, all read at `revision`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RootRefPage {
+    pub revision: u64,
+    pub items: Vec<RootRefItem>,
+    /// Pass as `cursor` to read the next page at the same revision; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_union_shapes() {
+        let h = Hash::digest(b"x");
+        let r = LeaseResponse::Ready {
+            hash: h,
+            lease_started_at: 1,
+            lease_expires_at: 2,
+        };
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["state"], "ready");
+        assert_eq!(j["leaseExpiresAt"], 2);
+        let v = LeaseResponse::ValidatedAwaitingChildren {
+            hash: h,
+            child_hashes: vec![h],
+        };
+        let j = serde_json::to_value(&v).unwrap();
+        assert_eq!(j["state"], "validated_awaiting_children");
+        assert_eq!(j["childHashes"][0], h.to_string());
+        assert_eq!(serde_json::from_value::<LeaseResponse>(j).unwrap(), v);
+    }
+
+    #[test]
+    fn lease_request_is_exact() {
+        assert!(serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":60000}"#).is_ok());
+        assert!(
+            serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":60000,"x":1}"#).is_err()
+        );
+        assert!(serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":-1}"#).is_err());
+        assert!(serde_json::from_str::<LeaseRequest>(r#"{}"#).is_err());
+    }
+
+    #[test]
+    fn root_ref_changes_refuse_duplicates_and_fractions() {
+        let h = "a".repeat(64);
+        let ok = format!(r#"{{"requestId":"r:1","changes":{{"{h}":2}}}}"#);
+        let u: RootRefUpdate = serde_json::from_str(&ok).unwrap();
+        assert_eq!(u.changes.0.values().copied().collect::<Vec<_>>(), vec![2]);
+        let dup = format!(r#"{{"requestId":"r:1","changes":{{"{h}":2,"{h}":3}}}}"#);
+        assert!(serde_json::from_str::<RootRefUpdate>(&dup).is_err());
+        let frac = format!(r#"{{"requestId":"r:1","changes":{{"{h}":1.5}}}}"#);
+        assert!(serde_json::from_str::<RootRefUpdate>(&frac).is_err());
+        let bad_hash = r#"{"requestId":"r:1","changes":{"ABC":1}}"#;
+        assert!(serde_json::from_str::<RootRefUpdate>(bad_hash).is_err());
+    }
+}

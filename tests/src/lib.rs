@@ -1,0 +1,1 @@
+//! End-to-end tests of UniCAS: they start real servers and drive them through the client and plain HTTP.
