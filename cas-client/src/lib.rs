@@ -1,4 +1,18 @@
 //! UniCAS client library and the `unicas` command-line tool.
+//!
+//! - [`AppCasClient`]: the data plane for one App and many Spaces, with retries of transient
+//!   failures, cancellation and an optional bounded cache of immutable nodes.
+//! - [`capability`]: where tokens come from (a fixed token, or an App signing key that mints
+//!   short-lived capabilities).
 #![forbid(unsafe_code)]
 
+pub mod capability;
 pub mod cli;
+mod client;
+mod error;
+mod store;
+
+pub use capability::{CapabilityProvider, FixedToken, SigningKey};
+pub use client::{AppCasClient, MAX_NODE_BYTES, RetryPolicy};
+pub use error::ClientError;
+pub use store::{EnsureReport, Ensured};

@@ -1,1 +1,166 @@
-//! The UniCAS HTTP service: the data plane `/v1/cas/*`, the admin plane `/admin/*`, capability auth, the metadata and blob storage ports, and garbage collection.
+//! The UniCAS HTTP service: the data plane `/v1/cas/*`, capability auth, the metadata and
+//! object storage ports, the lease state machine and garbage collection.
+//!
+//! `main` is thin: it parses configuration and calls [`serve_with_listener`], which tests call
+//! too, on port 0.
+#![forbid(unsafe_code)]
+
+use std::num::NonZeroU32;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use cas_format::AppId;
+use governor::{DefaultKeyedRateLimiter, Quota};
+use tokio_util::sync::CancellationToken;
+
+pub mod api;
+pub mod auth;
+pub mod blob;
+pub mod cli;
+pub mod config;
+pub mod error;
+mod failpoint;
+pub mod gc;
+mod lease;
+pub mod meta;
+pub mod metrics;
+pub mod read;
+pub mod root_refs;
+pub mod upload;
+
+use crate::auth::Registry;
+use crate::blob::BlobStore;
+use crate::config::Config;
+use crate::error::{ApiError, ApiResult};
+use crate::meta::MetaStore;
+use crate::metrics::Metrics;
+use crate::upload::UploadSigner;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Everything a request handler needs.
+pub struct ServiceState {
+    pub config: Config,
+    pub meta: MetaStore,
+    pub blobs: BlobStore,
+    pub registry: Registry,
+    pub signer: UploadSigner,
+    pub metrics: Metrics,
+    /// Bounds concurrent validations (memory and spool space).
+    pub validations: tokio::sync::Semaphore,
+    app_limiter: Option<DefaultKeyedRateLimiter<String>>,
+}
+
+/// A cheap handle to the service.
+#[derive(Clone)]
+pub struct Service(Arc<ServiceState>);
+
+impl Deref for Service {
+    type Target = ServiceState;
+    fn deref(&self) -> &ServiceState {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// Connects the stores (applying pending migrations) and builds the service.
+    pub async fn open(config: Config) -> anyhow::Result<Service> {
+        let meta = MetaStore::connect(&config).await?;
+        meta.migrate().await?;
+        let blobs = BlobStore::open(&config).await?;
+        std::fs::create_dir_all(blobs.spool_dir(&config))
+            .context("cannot create the spool directory")?;
+        let key = meta
+            .secret("upload-url")
+            .await
+            .context("cannot read the upload signing secret")?;
+        let signer = UploadSigner::new(key, config.public_url()?);
+        let registry = Registry::new(
+            meta.clone(),
+            Duration::from_millis(config.auth_cache_ms.max(1)),
+        );
+        let app_limiter = NonZeroU32::new(config.rate_limit_per_app.min(u32::MAX as u64) as u32)
+            .map(|rate| {
+                let burst = NonZeroU32::new(rate.get().saturating_mul(2)).unwrap_or(rate);
+                DefaultKeyedRateLimiter::keyed(Quota::per_second(rate).allow_burst(burst))
+            });
+        Ok(Service(Arc::new(ServiceState {
+            validations: tokio::sync::Semaphore::new(config.max_concurrent_validations),
+            config,
+            meta,
+            blobs,
+            registry,
+            signer,
+            metrics: Metrics::default(),
+            app_limiter,
+        })))
+    }
+
+    /// Per-App rate limiting, after authentication.
+    pub fn limit_app(&self, app: &AppId) -> ApiResult<()> {
+        let Some(limiter) = &self.app_limiter else {
+            return Ok(());
+        };
+        match limiter.check_key(&app.as_str().to_string()) {
+            Ok(()) => Ok(()),
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                    &governor::clock::DefaultClock::default(),
+                ));
+                Err(ApiError::too_many(
+                    "RATE_LIMITED",
+                    "too many requests for this App",
+                    wait.as_secs() + 1,
+                ))
+            }
+        }
+    }
+}
+
+/// Serves the service on `listener` until `shutdown` is cancelled; the background collector
+/// stops with it.
+pub async fn serve_with_listener(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr().context("listener has no address")?;
+    let svc = Service::open(config.with_bound_addr(addr)).await?;
+    run_service(svc, listener, shutdown).await
+}
+
+/// Serves an opened service on `listener` until `shutdown` is cancelled.
+pub async fn run_service(
+    svc: Service,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let collector = (svc.config.gc_interval_ms > 0).then(|| {
+        let svc = svc.clone();
+        let stop = shutdown.child_token();
+        let interval = Duration::from_millis(svc.config.gc_interval_ms);
+        tokio::spawn(async move { svc.background_gc(interval, stop).await })
+    });
+    let result = api::serve(api::router(svc.clone()), listener, shutdown.clone()).await;
+    shutdown.cancel();
+    if let Some(task) = collector {
+        let _ = task.await;
+    }
+    svc.meta.close().await;
+    result.context("the HTTP server failed")
+}

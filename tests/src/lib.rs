@@ -1,1 +1,467 @@
-//! End-to-end tests of UniCAS: they start real servers and drive them through the client and plain HTTP.
+//! End-to-end tests of UniCAS: they start real servers and drive them through the client and
+//! plain HTTP. This library is the harness: backends, test environments (a data directory, a
+//! fresh Postgres database, a fresh S3 prefix), server processes, Apps with real keys.
+//!
+//! Backends: every scenario runs on SQLite and Postgres, each with the filesystem store and
+//! with S3. Postgres is the server on `UNICAS_TEST_PG_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`); S3 is the server `scripts/s3-test-server`
+//! starts (its `export` lines set `UNICAS_S3_ENDPOINT` and the AWS variables).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use cas_client::{AppCasClient, SigningKey};
+use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId, Value};
+
+/// The metadata database of a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// The object store of a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blobs {
+    Fs,
+    S3,
+}
+
+/// One of the four deployments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backend {
+    pub db: Db,
+    pub blobs: Blobs,
+}
+
+impl Backend {
+    pub const SQLITE_FS: Backend = Backend {
+        db: Db::Sqlite,
+        blobs: Blobs::Fs,
+    };
+    pub const SQLITE_S3: Backend = Backend {
+        db: Db::Sqlite,
+        blobs: Blobs::S3,
+    };
+    pub const POSTGRES_FS: Backend = Backend {
+        db: Db::Postgres,
+        blobs: Blobs::Fs,
+    };
+    pub const POSTGRES_S3: Backend = Backend {
+        db: Db::Postgres,
+        blobs: Blobs::S3,
+    };
+}
+
+/// Runs an async scenario once per backend, as one test function each:
+/// `e2e!(name)` expects `async fn name(b: Backend) -> anyhow::Result<()>` in scope.
+#[macro_export]
+macro_rules! e2e {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            fn run(b: $crate::Backend) {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(4)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(super::$name(b))
+                    .unwrap();
+            }
+            #[test]
+            fn sqlite_fs() { run($crate::Backend::SQLITE_FS) }
+            #[test]
+            fn sqlite_s3() { run($crate::Backend::SQLITE_S3) }
+            #[test]
+            fn postgres_fs() { run($crate::Backend::POSTGRES_FS) }
+            #[test]
+            fn postgres_s3() { run($crate::Backend::POSTGRES_S3) }
+        }
+    )*};
+}
+
+/// Path of a binary built beside the test executables.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is not built", path.display());
+    path
+}
+
+fn random_id(prefix: &str) -> String {
+    let n: u64 = rand::random();
+    format!("{prefix}{n:016x}")
+}
+
+/// A test's own data directory, database and bucket prefix, with the variables that point a
+/// server at them.
+pub struct TestEnv {
+    pub backend: Backend,
+    pub dir: tempfile::TempDir,
+    pub vars: BTreeMap<String, String>,
+    pg_database: Option<(String, String)>,
+}
+
+fn pg_admin_url() -> String {
+    std::env::var("UNICAS_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+async fn pg_admin(sql: String) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let mut conn = sqlx::postgres::PgConnection::connect(&pg_admin_url())
+        .await
+        .context("cannot reach the test Postgres (UNICAS_TEST_PG_URL)")?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
+}
+
+impl TestEnv {
+    pub async fn new(backend: Backend) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("unicas-e2e-").tempdir()?;
+        let mut vars = BTreeMap::new();
+        let data = dir.path().join("data");
+        vars.insert("UNICAS_DATA_DIR".into(), data.display().to_string());
+        vars.insert("UNICAS_LISTEN".into(), "127.0.0.1:0".into());
+        vars.insert("UNICAS_GC_INTERVAL_MS".into(), "0".into());
+        vars.insert("UNICAS_AUTH_CACHE_MS".into(), "200".into());
+        vars.insert("UNICAS_LEASE_MIN_MS".into(), "1000".into());
+        vars.insert("UNICAS_LOG".into(), "warn".into());
+        let mut pg_database = None;
+        if backend.db == Db::Postgres {
+            let name = random_id("unicas_e2e_");
+            pg_admin(format!("CREATE DATABASE {name}")).await?;
+            let admin = pg_admin_url();
+            let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+            vars.insert("UNICAS_DATABASE_URL".into(), format!("{base}/{name}"));
+            vars.insert("UNICAS_DATABASE_MAX_CONNECTIONS".into(), "8".into());
+            pg_database = Some((name, admin.clone()));
+        }
+        if backend.blobs == Blobs::S3 {
+            let bucket = std::env::var("UNICAS_TEST_BUCKET").ok();
+            let endpoint = std::env::var("UNICAS_S3_ENDPOINT").ok();
+            let (Some(bucket), Some(_)) = (bucket, endpoint) else {
+                bail!(
+                    "the S3 backends need a test S3 server: run the suite with scripts/test, or \
+                     `eval \"$(scripts/s3-test-server start DIR)\"` first"
+                );
+            };
+            vars.insert(
+                "UNICAS_BLOB_STORE".into(),
+                format!("s3://{bucket}/{}", random_id("e2e-")),
+            );
+        }
+        Ok(TestEnv {
+            backend,
+            dir,
+            vars,
+            pg_database,
+        })
+    }
+
+    /// Sets (or overrides) a server variable.
+    pub fn set(&mut self, key: &str, value: impl ToString) -> &mut Self {
+        self.vars.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// A `unicas-server` command with this environment.
+    pub fn server_command(&self) -> Command {
+        let mut c = Command::new(binary("e2e-unicas-server"));
+        c.envs(&self.vars);
+        c
+    }
+
+    /// Runs `unicas-server ARGS` to completion; fails unless it succeeds.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.server_command().args(args).output()?;
+        if !out.status.success() {
+            bail!(
+                "unicas-server {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Registers an App with a fresh key of `alg` (EdDSA, ES256 or RS256).
+    pub fn create_app_with(&self, app: &str, alg: &str) -> anyhow::Result<TestApp> {
+        let issuer = format!("https://issuer.test/{app}");
+        self.cli(&["app", "create", app, "--issuer", &issuer])?;
+        let key = TestKey::generate(self.dir.path(), alg)?;
+        let kid = format!("{app}-key-1");
+        self.cli(&[
+            "app",
+            "add-key",
+            app,
+            "--kid",
+            &kid,
+            "--alg",
+            alg,
+            "--public-key",
+            key.public_path.to_str().unwrap_or_default(),
+        ])?;
+        Ok(TestApp {
+            app: app.parse()?,
+            issuer,
+            kid,
+            key,
+        })
+    }
+
+    /// Registers an App with an Ed25519 key.
+    pub fn create_app(&self, app: &str) -> anyhow::Result<TestApp> {
+        self.create_app_with(app, "EdDSA")
+    }
+
+    /// Starts a server on a free port.
+    pub fn start(&self) -> anyhow::Result<Server> {
+        Server::start(self, &[])
+    }
+
+    /// Starts a server with extra variables.
+    pub fn start_with(&self, extra: &[(&str, &str)]) -> anyhow::Result<Server> {
+        Server::start(self, extra)
+    }
+
+    /// A direct connection to the test's metadata database, for checking invariants.
+    pub async fn database(&self) -> anyhow::Result<sqlx::AnyPool> {
+        sqlx::any::install_default_drivers();
+        let url = match self.vars.get("UNICAS_DATABASE_URL") {
+            Some(u) => u.clone(),
+            None => format!("sqlite://{}/unicas.db", self.vars["UNICAS_DATA_DIR"]),
+        };
+        Ok(sqlx::any::AnyPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await?)
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if let Some((name, _)) = self.pg_database.take() {
+            // A fresh runtime on its own thread: Drop may run inside another runtime.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(rt) = rt {
+                    let _ = rt.block_on(pg_admin(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )));
+                }
+            })
+            .join();
+        }
+    }
+}
+
+/// A key pair made by `openssl genpkey`, as files.
+#[derive(Debug, Clone)]
+pub struct TestKey {
+    pub alg: String,
+    pub private_pem: String,
+    pub public_pem: String,
+    pub public_path: PathBuf,
+    pub private_path: PathBuf,
+}
+
+impl TestKey {
+    pub fn generate(dir: &Path, alg: &str) -> anyhow::Result<Self> {
+        let args: &[&str] = match alg {
+            "EdDSA" => &["-algorithm", "ed25519"],
+            "ES256" => &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+            "RS256" => &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+            other => bail!("no key type for {other}"),
+        };
+        let id = random_id("key-");
+        let private_path = dir.join(format!("{id}.pem"));
+        let public_path = dir.join(format!("{id}.pub.pem"));
+        let ok = Command::new("openssl")
+            .arg("genpkey")
+            .args(args)
+            .arg("-out")
+            .arg(&private_path)
+            .stderr(Stdio::null())
+            .status()?
+            .success()
+            && Command::new("openssl")
+                .args(["pkey", "-pubout", "-in"])
+                .arg(&private_path)
+                .arg("-out")
+                .arg(&public_path)
+                .status()?
+                .success();
+        if !ok {
+            bail!("openssl could not make a {alg} key");
+        }
+        Ok(TestKey {
+            alg: alg.to_string(),
+            private_pem: std::fs::read_to_string(&private_path)?,
+            public_pem: std::fs::read_to_string(&public_path)?,
+            public_path,
+            private_path,
+        })
+    }
+}
+
+/// An App registered in a test environment, with its signing key.
+#[derive(Debug, Clone)]
+pub struct TestApp {
+    pub app: AppId,
+    pub issuer: String,
+    pub kid: String,
+    pub key: TestKey,
+}
+
+impl TestApp {
+    pub fn signing_key(&self) -> SigningKey {
+        SigningKey::from_pem(&self.key.private_pem, &self.kid, &self.issuer, "unicas")
+            .expect("test key")
+    }
+
+    /// A client of `server` minting capabilities with this App's key.
+    pub fn client(&self, server: &Server) -> AppCasClient {
+        AppCasClient::new(&server.url, self.app.clone(), Arc::new(self.signing_key()))
+            .expect("client")
+    }
+
+    /// A capability for `permissions` in `space`.
+    pub fn token(&self, space: &SpaceId, permissions: &[&'static str]) -> String {
+        self.signing_key().mint(space, permissions).expect("mint")
+    }
+}
+
+/// A running `unicas-server` process. Killed when dropped.
+pub struct Server {
+    child: Child,
+    pub url: String,
+    pub stderr_path: PathBuf,
+}
+
+impl Server {
+    fn start(env: &TestEnv, extra: &[(&str, &str)]) -> anyhow::Result<Server> {
+        let stderr_path = env
+            .dir
+            .path()
+            .join(format!("{}.stderr", random_id("server-")));
+        let stderr = std::fs::File::create(&stderr_path)?;
+        let mut cmd = env.server_command();
+        cmd.arg("serve")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .stdin(Stdio::null());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().context("cannot start unicas-server")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(addr.to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(url) => Ok(Server {
+                child,
+                url,
+                stderr_path,
+            }),
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                bail!("unicas-server did not start:\n{log}")
+            }
+        }
+    }
+
+    /// What the server wrote on stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!("the server never logged {needle:?}; log:\n{}", self.log())
+    }
+
+    /// SIGKILL, now.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a graceful exit; returns whether it exited successfully.
+    pub fn terminate(mut self) -> anyhow::Result<bool> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.success());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        bail!("the server did not stop within 10 s of SIGTERM")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A leaf node: its hash and portable bytes.
+pub fn leaf(content: &[u8]) -> (Hash, Bytes) {
+    node("application/octet-stream", &[], content)
+}
+
+/// Any node: its hash and portable bytes.
+pub fn node(content_type: &str, refs: &[Hash], content: &[u8]) -> (Hash, Bytes) {
+    let d = NodeDescriptor::new(
+        ContentType::new(content_type).expect("content type"),
+        refs.to_vec(),
+        content.len() as u64,
+    );
+    let bytes = d.encode_portable(content).expect("encode");
+    (Hash::digest(&bytes), Bytes::from(bytes))
+}
+
+/// An SValue node: its hash and portable bytes.
+pub fn svalue_node(value: &Value) -> (Hash, Bytes) {
+    let enc = cas_format::svalue::encode(value).expect("svalue");
+    node(cas_format::SVALUE_CONTENT_TYPE, &enc.refs, &enc.bytes)
+}
+
+pub fn space(s: &str) -> SpaceId {
+    s.parse().expect("space id")
+}

@@ -1,0 +1,362 @@
+//! Handlers of the data plane `/v1/cas/*`. Every route but the upload target checks a Space
+//! capability before it touches storage (and before it reads the request body).
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use cas_format::wire::{
+    ErrorBody, GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadata,
+    NodeMetadataResponse, NodeState, RootRefPage, RootRefUpdate, RootRefUpdateResponse, Usage,
+};
+use cas_format::{AppId, SpaceId};
+use serde::Deserialize;
+use tokio_util::io::ReaderStream;
+use utoipa::IntoParams;
+
+use super::extract::{HashPath, JsonLimit, Q, bounded_bytes, parse_json};
+use crate::auth::{Capability, permission};
+use crate::error::{ApiError, ApiResult};
+use crate::read::ReadError;
+use crate::upload::UploadQuery;
+use crate::{Service, now_ms};
+
+/// The partition every data-plane route addresses.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct PartitionQuery {
+    /// The App (must equal the App of the capability's issuer).
+    #[param(value_type = String)]
+    pub app_id: AppId,
+    /// The Space (one grant of the capability must select it).
+    #[param(value_type = String)]
+    pub space_id: SpaceId,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct LeaseQuery {
+    #[param(value_type = String)]
+    pub app_id: AppId,
+    #[param(value_type = String)]
+    pub space_id: SpaceId,
+    /// Optional: the size in bytes of the portable node the client will upload. It only
+    /// chooses the upload target (small uploads through the service cost one object write).
+    pub upload_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct RootRefsQuery {
+    #[param(value_type = String)]
+    pub app_id: AppId,
+    #[param(value_type = String)]
+    pub space_id: SpaceId,
+    /// 1..=200, default 100.
+    pub limit: Option<u32>,
+    /// From the previous page's `nextCursor`.
+    pub cursor: Option<String>,
+}
+
+impl Service {
+    async fn authorize(
+        &self,
+        headers: &HeaderMap,
+        app: &AppId,
+        space: &SpaceId,
+        permission: &str,
+    ) -> ApiResult<Capability> {
+        let cap = crate::auth::verify(
+            &self.registry,
+            headers,
+            app,
+            space,
+            permission,
+            &self.config.audience,
+            self.config.auth_leeway_s,
+        )
+        .await?;
+        self.limit_app(app)?;
+        Ok(cap)
+    }
+}
+
+/// Reads a node's own content (or one byte range of it).
+#[utoipa::path(
+    get, path = "/v1/cas/nodes/{hash}", tag = "nodes",
+    params(("hash" = String, Path, description = "64 lowercase hex characters"), PartitionQuery,
+           ("range" = Option<String>, Header, description = "One range: `bytes=a-b`, `bytes=a-` or `bytes=-n`")),
+    responses(
+        (status = 200, description = "The own content", content_type = "application/octet-stream"),
+        (status = 206, description = "One range of it; `Content-Range` says which"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, description = "Unknown or not ready", body = ErrorBody),
+        (status = 416, description = "Unsatisfiable range; `Content-Range: bytes */size`", body = ErrorBody),
+    ),
+    security(("capability" = []))
+)]
+pub async fn get_node(
+    State(svc): State<Service>,
+    Q(q): Q<PartitionQuery>,
+    HashPath(hash): HashPath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::NODES_READ)
+        .await?;
+    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+    let content = match svc.read_content(&q.app_id, &q.space_id, &hash, range).await {
+        Ok(c) => c,
+        Err(ReadError::Api(e)) => return Err(e),
+        Err(ReadError::Unsatisfiable(u)) => {
+            let mut r = ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "RANGE_NOT_SATISFIABLE",
+                format!("the node has {} bytes", u.size),
+            )
+            .into_response();
+            r.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{}", u.size))
+                    .unwrap_or(HeaderValue::from_static("bytes */0")),
+            );
+            return Ok(r);
+        }
+    };
+    let size = content.row.size as u64;
+    let (status, len) = match content.range {
+        Some((start, end)) => (StatusCode::PARTIAL_CONTENT, end - start),
+        None => (StatusCode::OK, size),
+    };
+    let mut builder = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, len)
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::ETAG, format!("\"{hash}\""))
+        .header(
+            header::CACHE_CONTROL,
+            "private, max-age=31536000, immutable",
+        )
+        .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
+        .header("x-unicas-content-type", content.row.content_type.as_str());
+    if let Some((start, end)) = content.range {
+        builder = builder.header(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{size}", end - 1),
+        );
+    }
+    builder
+        .body(Body::from_stream(ReaderStream::new(content.body)))
+        .map_err(|e| ApiError::internal("building a response", e))
+}
+
+/// Reads a node's immutable metadata and mutable state.
+#[utoipa::path(
+    get, path = "/v1/cas/nodes/{hash}/metadata", tag = "nodes",
+    params(("hash" = String, Path), PartitionQuery),
+    responses(
+        (status = 200, body = NodeMetadataResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, description = "Unknown or not ready", body = ErrorBody),
+    ),
+    security(("capability" = []))
+)]
+pub async fn get_metadata(
+    State(svc): State<Service>,
+    Q(q): Q<PartitionQuery>,
+    HashPath(hash): HashPath,
+    headers: HeaderMap,
+) -> ApiResult<Json<NodeMetadataResponse>> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::NODES_READ)
+        .await?;
+    let row = svc.ready_node(&q.app_id, &q.space_id, &hash).await?;
+    let refs = svc.meta.node_refs(&q.app_id, &q.space_id, &hash).await?;
+    Ok(Json(NodeMetadataResponse {
+        metadata: NodeMetadata {
+            hash,
+            size: row.size as u64,
+            content_type: row.content_type,
+            refs,
+        },
+        state: NodeState {
+            lease_started_at: row.lease_started_at,
+            lease_expires_at: row.lease_expires_at,
+            child_ref_count: row.child_ref_count,
+            root_ref_count: row.root_ref_count,
+        },
+    }))
+}
+
+/// Leases a node: extends a ready node's lease, or returns upload instructions, validation
+/// results and the children it waits for.
+#[utoipa::path(
+    post, path = "/v1/cas/nodes/{hash}/lease", tag = "nodes",
+    params(("hash" = String, Path), LeaseQuery),
+    request_body = LeaseRequest,
+    responses(
+        (status = 200, description = "A union on `state`", body = LeaseResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 429, description = "CAS_UPLOAD_LIMIT or rate limited; see Retry-After", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security(("capability" = []))
+)]
+pub async fn lease(
+    State(svc): State<Service>,
+    Q(q): Q<LeaseQuery>,
+    HashPath(hash): HashPath,
+    Extension(JsonLimit(limit)): Extension<JsonLimit>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<LeaseResponse>> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::NODES_LEASE)
+        .await?;
+    let req: LeaseRequest = parse_json(&bounded_bytes(body, limit).await?)?;
+    let r = svc
+        .lease(
+            &q.app_id,
+            &q.space_id,
+            &hash,
+            req.lease_duration_ms,
+            q.upload_bytes,
+        )
+        .await?;
+    Ok(Json(r))
+}
+
+/// Reads the Space's usage.
+#[utoipa::path(
+    get, path = "/v1/cas/usage", tag = "space",
+    params(PartitionQuery),
+    responses((status = 200, body = Usage), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("capability" = []))
+)]
+pub async fn usage(
+    State(svc): State<Service>,
+    Q(q): Q<PartitionQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Usage>> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::USAGE_READ)
+        .await?;
+    Ok(Json(
+        svc.meta.usage(&q.app_id, &q.space_id, now_ms()).await?,
+    ))
+}
+
+/// Runs one bounded GC pass over the Space.
+#[utoipa::path(
+    post, path = "/v1/cas/gc", tag = "space",
+    params(PartitionQuery),
+    request_body(content = Option<GcRequest>, description = "Optional; `maxNodes` 1..=10000, default 100"),
+    responses((status = 200, body = GcResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("capability" = []))
+)]
+pub async fn gc(
+    State(svc): State<Service>,
+    Q(q): Q<PartitionQuery>,
+    Extension(JsonLimit(limit)): Extension<JsonLimit>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<GcResponse>> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::GC_EXECUTE)
+        .await?;
+    let req: GcRequest = parse_json(&bounded_bytes(body, limit).await?)?;
+    let max = req.max_nodes.unwrap_or(100);
+    if !(1..=10_000).contains(&max) {
+        return Err(ApiError::invalid("maxNodes must be 1..=10000"));
+    }
+    Ok(Json(svc.gc_pass(&q.app_id, &q.space_id, max).await?))
+}
+
+/// Applies a signed root-ref delta (idempotent by `requestId`).
+#[utoipa::path(
+    post, path = "/v1/cas/root-refs", tag = "root-refs",
+    params(PartitionQuery),
+    request_body = RootRefUpdate,
+    responses(
+        (status = 200, body = RootRefUpdateResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 409, description = "IDEMPOTENCY_CONFLICT, ROOT_REF_UNKNOWN_NODE, ROOT_REF_NODE_NOT_READY, ROOT_REF_NEGATIVE, ROOT_REF_OVERFLOW", body = ErrorBody),
+        (status = 413, description = "More than 1000 changes", body = ErrorBody),
+    ),
+    security(("capability" = []))
+)]
+pub async fn update_root_refs(
+    State(svc): State<Service>,
+    Q(q): Q<PartitionQuery>,
+    Extension(JsonLimit(limit)): Extension<JsonLimit>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<RootRefUpdateResponse>> {
+    let cap = svc
+        .authorize(
+            &headers,
+            &q.app_id,
+            &q.space_id,
+            permission::ROOT_REFS_UPDATE,
+        )
+        .await?;
+    let bytes = bounded_bytes(body, limit).await?;
+    if bytes.is_empty() {
+        return Err(ApiError::invalid(
+            "a body {\"requestId\", \"changes\"} is required",
+        ));
+    }
+    let update: RootRefUpdate = parse_json(&bytes)?;
+    Ok(Json(
+        svc.update_root_refs(&q.app_id, &q.space_id, &update, &cap.actor)
+            .await?,
+    ))
+}
+
+/// Lists the Space's root-ref balances, paginated at one revision.
+#[utoipa::path(
+    get, path = "/v1/cas/root-refs", tag = "root-refs",
+    params(RootRefsQuery),
+    responses((status = 200, body = RootRefPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("capability" = []))
+)]
+pub async fn list_root_refs(
+    State(svc): State<Service>,
+    Q(q): Q<RootRefsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<RootRefPage>> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::ROOT_REFS_READ)
+        .await?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::invalid("limit must be 1..=200"));
+    }
+    Ok(Json(
+        svc.root_ref_page(&q.app_id, &q.space_id, limit, q.cursor.as_deref())
+            .await?,
+    ))
+}
+
+/// The write-once upload target of the service's own signed URLs.
+#[utoipa::path(
+    put, path = "/v1/cas/uploads/{generation}", tag = "nodes",
+    params(("generation" = String, Path), UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/vnd.unidocs.cas-node.v1", description = "The portable full node"),
+    responses(
+        (status = 200, description = "Stored; repeat the lease to validate and publish"),
+        (status = 403, description = "Tampered or expired URL", body = ErrorBody),
+        (status = 412, description = "This URL was already used", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 428, body = ErrorBody),
+    )
+)]
+pub async fn upload(
+    State(svc): State<Service>,
+    Path(generation): Path<String>,
+    Q(q): Q<UploadQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    crate::upload::store(&svc, &generation, &q, &headers, body).await?;
+    Ok(StatusCode::OK)
+}

@@ -1,0 +1,218 @@
+//! The HTTP surface: routes, the OpenAPI document generated from them, and the layers every
+//! route passes (a tracing span, metrics, per-address rate limiting, body limits).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::PeerIpKeyExtractor;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::Service;
+use crate::error::ApiError;
+
+pub mod data_plane;
+pub mod extract;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "UniCAS",
+        description = "Content-addressed storage: immutable nodes named by SHA-256, leases, root references and garbage collection per (App, Space)."
+    ),
+    modifiers(&CapabilityScheme),
+    tags(
+        (name = "nodes", description = "Reading, leasing and uploading nodes"),
+        (name = "space", description = "Usage and garbage collection of a Space"),
+        (name = "root-refs", description = "Root references: signed deltas and balances"),
+        (name = "operations", description = "Health, readiness and metrics"),
+    )
+)]
+struct ApiDoc;
+
+struct CapabilityScheme;
+
+impl utoipa::Modify for CapabilityScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "capability",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "A Space capability signed by a registered App issuer (EdDSA, ES256 or RS256)",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "alive")))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Readiness: the database and the object store answer.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "ready"), (status = 503, body = cas_format::wire::ErrorBody)))]
+async fn readyz(State(svc): State<Service>) -> Result<&'static str, ApiError> {
+    if !svc.meta.ping().await {
+        return Err(ApiError::unavailable("the database does not answer"));
+    }
+    if !svc.blobs.ping().await {
+        return Err(ApiError::unavailable("the object store does not answer"));
+    }
+    Ok("ready")
+}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "text/plain")))]
+async fn metrics(State(svc): State<Service>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        )],
+        svc.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Counts every answer by method, matched route and status.
+async fn count_requests(State(svc): State<Service>, req: Request, next: Next) -> Response {
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let response = next.run(req).await;
+    svc.metrics
+        .request(&method, &route, response.status().as_u16());
+    response
+}
+
+/// A span per request carrying method, route, App, Space and hash.
+fn request_span(req: &Request) -> tracing::Span {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("", |p| p.as_str());
+    let query = req.uri().query().unwrap_or("");
+    let param = |name: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map_or("", |(_, v)| v)
+            .to_string()
+    };
+    let hash = req
+        .uri()
+        .path()
+        .strip_prefix("/v1/cas/nodes/")
+        .map_or("", |rest| rest.split('/').next().unwrap_or(""))
+        .to_string();
+    tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route,
+        app = %param("appId"),
+        space = %param("spaceId"),
+        hash = %hash,
+    )
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("NOT_FOUND", "no such route")
+}
+
+/// The router of the service: data plane, operations and the OpenAPI document.
+pub fn router(svc: Service) -> Router {
+    let (data_plane, mut openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(data_plane::get_node))
+        .routes(routes!(data_plane::get_metadata))
+        .routes(routes!(data_plane::lease))
+        .routes(routes!(data_plane::usage))
+        .routes(routes!(data_plane::gc))
+        .routes(routes!(
+            data_plane::update_root_refs,
+            data_plane::list_root_refs
+        ))
+        .routes(routes!(data_plane::upload))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .split_for_parts();
+    openapi.info.version = env!("CARGO_PKG_VERSION").to_string();
+    let openapi = Arc::new(openapi);
+    let json_limit = match svc.config.json_body_limit {
+        0 => usize::MAX,
+        n => n as usize,
+    };
+    let mut app = Router::new()
+        .merge(data_plane)
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = openapi.clone();
+                async move { Json(doc.as_ref().clone()) }
+            }),
+        )
+        .fallback(not_found)
+        .layer(Extension(extract::JsonLimit(json_limit)))
+        .layer(middleware::from_fn_with_state(svc.clone(), count_requests))
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .with_state(svc.clone());
+    if svc.config.rate_limit_per_ip > 0 {
+        app = app.layer(ip_rate_limit(svc.config.rate_limit_per_ip));
+    }
+    app
+}
+
+/// Per-address rate limiting: `per_second` requests per second with bursts of twice that.
+fn ip_rate_limit(
+    per_second: u64,
+) -> GovernorLayer<PeerIpKeyExtractor, governor::middleware::NoOpMiddleware, axum::body::Body> {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond((1_000_000_000 / per_second).max(1))
+        .burst_size(per_second.saturating_mul(2).min(u32::MAX as u64) as u32)
+        .finish()
+        .unwrap_or_default();
+    GovernorLayer::new(config).error_handler(|e| {
+        let wait = match &e {
+            tower_governor::GovernorError::TooManyRequests { wait_time, .. } => *wait_time,
+            _ => 1,
+        };
+        ApiError::too_many("RATE_LIMITED", "too many requests from this address", wait)
+            .into_response()
+    })
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled, then drains.
+pub async fn serve(
+    router: Router,
+    listener: tokio::net::TcpListener,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
+}

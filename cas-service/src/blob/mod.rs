@@ -1,0 +1,236 @@
+//! `BlobStore`: the object-store port. A local folder (embedded default) or an S3-compatible
+//! bucket, selected by the blob store URL; the rest of the service sees only this type.
+//!
+//! Key layout (relative to the store's root or prefix):
+//!
+//! ```text
+//! app.<appId>/space.<spaceId>/nodes/<hh>/<hash>.<generation>   own content of a ready node
+//! uploads/app.<appId>/space.<spaceId>/<generation>             portable node of an upload
+//! ```
+//!
+//! A node's object key carries the upload generation that published it, so a re-publication
+//! after GC marked the node never reuses a key that a late delete could still hit. The `app.`
+//! and `space.` prefixes keep identifiers such as `..` from ever being a path component.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use bytes::Bytes;
+use cas_format::{AppId, Hash, SpaceId};
+use futures_util::Stream;
+use tokio::io::AsyncRead;
+
+mod fs;
+mod s3;
+
+pub use fs::FsStore;
+pub use s3::S3Store;
+
+use crate::config::Config;
+
+/// A readable object body.
+pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
+/// A request body being stored.
+pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+
+/// The key of a node's content object.
+pub fn node_key(app: &AppId, space: &SpaceId, hash: &Hash, generation: &str) -> String {
+    let hex = hash.to_hex();
+    format!(
+        "app.{app}/space.{space}/nodes/{}/{hex}.{generation}",
+        &hex[..2]
+    )
+}
+
+/// The prefix of every node object of a partition.
+pub fn node_prefix(app: &AppId, space: Option<&SpaceId>) -> String {
+    match space {
+        Some(space) => format!("app.{app}/space.{space}/nodes/"),
+        None => format!("app.{app}/"),
+    }
+}
+
+/// The key of an upload generation's temporary object.
+pub fn upload_key(app: &AppId, space: &SpaceId, generation: &str) -> String {
+    format!("uploads/app.{app}/space.{space}/{generation}")
+}
+
+/// Parses a node key back into (app, space, hash, generation).
+pub fn parse_node_key(key: &str) -> Option<(AppId, SpaceId, Hash, String)> {
+    let mut parts = key.split('/');
+    let app = parts.next()?.strip_prefix("app.")?.parse().ok()?;
+    let space = parts.next()?.strip_prefix("space.")?.parse().ok()?;
+    if parts.next()? != "nodes" {
+        return None;
+    }
+    let shard = parts.next()?;
+    let (hash, generation) = parts.next()?.split_once('.')?;
+    let hash: Hash = hash.parse().ok()?;
+    if parts.next().is_some() || shard != &hash.to_hex()[..2] || generation.is_empty() {
+        return None;
+    }
+    Some((app, space, hash, generation.to_string()))
+}
+
+/// An object found by a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedObject {
+    pub key: String,
+    pub size: u64,
+    /// Last modification, ms since the epoch.
+    pub modified_ms: i64,
+}
+
+/// Why a write-once temporary upload was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum PutOnceError {
+    #[error("an upload was already stored at this target")]
+    Exists,
+    #[error("the upload is larger than {0} bytes")]
+    TooLarge(u64),
+    #[error("the upload body could not be read: {0}")]
+    Body(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] BlobError),
+}
+
+/// A failure of the object store (never shown to clients).
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("{op} {key}: {source}")]
+    Io {
+        op: &'static str,
+        key: String,
+        source: std::io::Error,
+    },
+    #[error("{op} {key}: {message}")]
+    S3 {
+        op: &'static str,
+        key: String,
+        message: String,
+    },
+}
+
+/// A presigned request a client can make directly to the object store.
+#[derive(Debug, Clone)]
+pub struct Presigned {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+}
+
+/// The object store.
+#[derive(Debug, Clone)]
+pub enum BlobStore {
+    Fs(FsStore),
+    S3(S3Store),
+}
+
+impl BlobStore {
+    /// Opens the store named by the configuration.
+    pub async fn open(config: &Config) -> anyhow::Result<Self> {
+        let url = config.blob_store()?;
+        if let Some(path) = url.strip_prefix("file://") {
+            return Ok(BlobStore::Fs(FsStore::open(Path::new(path))?));
+        }
+        Ok(BlobStore::S3(S3Store::open(config, &url).await?))
+    }
+
+    /// Where spool files live: on the same filesystem as the objects when they are files, so
+    /// that publishing is a rename.
+    pub fn spool_dir(&self, config: &Config) -> PathBuf {
+        match self {
+            BlobStore::Fs(fs) => fs.spool_dir(),
+            BlobStore::S3(_) => config.data_dir.join("spool"),
+        }
+    }
+
+    /// Whether temporary uploads should go to a presigned URL of the store itself.
+    pub fn presigns(&self) -> bool {
+        matches!(self, BlobStore::S3(_))
+    }
+
+    /// A presigned write-once PUT of `key`, valid for `expires_in_ms`.
+    pub async fn presign_put_once(
+        &self,
+        key: &str,
+        expires_in_ms: u64,
+    ) -> Result<Option<Presigned>, BlobError> {
+        match self {
+            BlobStore::Fs(_) => Ok(None),
+            BlobStore::S3(s3) => s3.presign_put_once(key, expires_in_ms).await.map(Some),
+        }
+    }
+
+    /// Stores `body` at `key` unless something is already there; at most `max` bytes.
+    pub async fn put_once(
+        &self,
+        key: &str,
+        body: BodyStream,
+        max: u64,
+    ) -> Result<u64, PutOnceError> {
+        match self {
+            BlobStore::Fs(fs) => fs.put_once(key, body, max).await,
+            BlobStore::S3(s3) => s3.put_once(key, body, max).await,
+        }
+    }
+
+    /// Stores a finished local file at `key`, consuming it (a rename on the filesystem).
+    pub async fn put_file(&self, key: &str, file: &Path, len: u64) -> Result<(), BlobError> {
+        match self {
+            BlobStore::Fs(fs) => fs.put_file(key, file).await,
+            BlobStore::S3(s3) => s3.put_file(key, file, len).await,
+        }
+    }
+
+    /// The object at `key`, or `None` if there is none. With `range`, bytes `start..end`.
+    pub async fn get(
+        &self,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<(ObjectReader, u64)>, BlobError> {
+        match self {
+            BlobStore::Fs(fs) => fs.get(key, range).await,
+            BlobStore::S3(s3) => s3.get(key, range).await,
+        }
+    }
+
+    /// Deletes `key`; a missing object is fine.
+    pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        match self {
+            BlobStore::Fs(fs) => fs.delete(key).await,
+            BlobStore::S3(s3) => s3.delete(key).await,
+        }
+    }
+
+    /// Every object under `prefix`.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ListedObject>, BlobError> {
+        match self {
+            BlobStore::Fs(fs) => fs.list(prefix).await,
+            BlobStore::S3(s3) => s3.list(prefix).await,
+        }
+    }
+
+    /// Whether the store answers.
+    pub async fn ping(&self) -> bool {
+        match self {
+            BlobStore::Fs(fs) => fs.ping().await,
+            BlobStore::S3(s3) => s3.ping().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_keys_parse_back() {
+        let app: AppId = "..".parse().unwrap();
+        let space: SpaceId = "s-1".parse().unwrap();
+        let h = Hash::digest(b"x");
+        let key = node_key(&app, &space, &h, "01J0");
+        assert!(!key.split('/').any(|c| c == ".." || c == "."));
+        assert_eq!(parse_node_key(&key), Some((app, space, h, "01J0".into())));
+        assert_eq!(parse_node_key("app.a/space.b/nodes/zz/x.y"), None);
+    }
+}

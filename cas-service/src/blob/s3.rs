@@ -1,0 +1,312 @@
+//! The S3 object store (any S3-compatible server) through `aws-sdk-s3`. Credentials and region
+//! come from the standard AWS chain (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`, profiles, instance roles); endpoint and path-style addressing from the
+//! configuration.
+
+use std::path::Path;
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use cas_format::NODE_MEDIA_TYPE;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::{BlobError, BodyStream, ListedObject, ObjectReader, Presigned, PutOnceError};
+use crate::config::Config;
+
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    prefix: String,
+    spool: std::path::PathBuf,
+}
+
+fn s3_err<E, R>(op: &'static str, key: &str, e: SdkError<E, R>) -> BlobError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    BlobError::S3 {
+        op,
+        key: key.to_string(),
+        message: DisplayErrorContext(&e).to_string(),
+    }
+}
+
+impl S3Store {
+    pub async fn open(config: &Config, url: &str) -> anyhow::Result<Self> {
+        let rest = url.strip_prefix("s3://").unwrap_or(url);
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            anyhow::bail!("blob store URL {url:?} names no bucket");
+        }
+        let prefix = prefix.trim_matches('/');
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}/")
+        };
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(region) = &config.s3_region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        let sdk = loader.load().await;
+        let mut builder = aws_sdk_s3::config::Builder::from(&sdk)
+            .force_path_style(config.s3_path_style)
+            // Checksums only where S3 requires them, so presigned URLs carry no checksum of
+            // bytes the service has not seen.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(Duration::from_secs(60))
+                    .build(),
+            );
+        if sdk.region().is_none() {
+            builder = builder.region(Region::new("us-east-1"));
+        }
+        if let Some(endpoint) = &config.s3_endpoint {
+            builder = builder.endpoint_url(endpoint);
+        }
+        let spool = config.data_dir.join("spool");
+        std::fs::create_dir_all(&spool)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", spool.display()))?;
+        Ok(S3Store {
+            client: Client::from_conf(builder.build()),
+            bucket: bucket.to_string(),
+            prefix,
+            spool,
+        })
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub async fn presign_put_once(
+        &self,
+        key: &str,
+        expires_in_ms: u64,
+    ) -> Result<Presigned, BlobError> {
+        let config =
+            PresigningConfig::expires_in(Duration::from_millis(expires_in_ms)).map_err(|e| {
+                BlobError::S3 {
+                    op: "presign",
+                    key: key.to_string(),
+                    message: e.to_string(),
+                }
+            })?;
+        let req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .if_none_match("*")
+            .content_type(NODE_MEDIA_TYPE)
+            .presigned(config)
+            .await
+            .map_err(|e| s3_err("presign", key, e))?;
+        let headers = req
+            .headers()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        Ok(Presigned {
+            url: req.uri().to_string(),
+            headers,
+        })
+    }
+
+    pub async fn put_once(
+        &self,
+        key: &str,
+        mut body: BodyStream,
+        max: u64,
+    ) -> Result<u64, PutOnceError> {
+        let spool = tempfile::Builder::new()
+            .prefix("upload-")
+            .tempfile_in(&self.spool)
+            .map_err(|source| BlobError::Io {
+                op: "create spool file for",
+                key: key.to_string(),
+                source,
+            })?;
+        let (file, path) = spool.into_parts();
+        let mut file = tokio::fs::File::from_std(file);
+        let mut written = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(PutOnceError::Body)?;
+            written += chunk.len() as u64;
+            if written > max {
+                return Err(PutOnceError::TooLarge(max));
+            }
+            file.write_all(&chunk)
+                .await
+                .map_err(|source| BlobError::Io {
+                    op: "spool",
+                    key: key.to_string(),
+                    source,
+                })?;
+        }
+        file.flush().await.map_err(|source| BlobError::Io {
+            op: "spool",
+            key: key.to_string(),
+            source,
+        })?;
+        let body = ByteStream::from_path(&path)
+            .await
+            .map_err(|e| BlobError::S3 {
+                op: "read spool for",
+                key: key.to_string(),
+                message: e.to_string(),
+            })?;
+        let result = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .if_none_match("*")
+            .content_type(NODE_MEDIA_TYPE)
+            .content_length(written as i64)
+            .body(body)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(written),
+            Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 412 => {
+                Err(PutOnceError::Exists)
+            }
+            Err(e) => Err(s3_err("put", key, e).into()),
+        }
+    }
+
+    pub async fn put_file(&self, key: &str, file: &Path, len: u64) -> Result<(), BlobError> {
+        let body = ByteStream::from_path(file)
+            .await
+            .map_err(|e| BlobError::S3 {
+                op: "read spool for",
+                key: key.to_string(),
+                message: e.to_string(),
+            })?;
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .content_length(len as i64)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| s3_err("put", key, e))?;
+        let _ = tokio::fs::remove_file(file).await;
+        Ok(())
+    }
+
+    pub async fn get(
+        &self,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<(ObjectReader, u64)>, BlobError> {
+        if let Some((start, end)) = range
+            && end <= start
+        {
+            // An empty range cannot be asked of S3; the object's existence still matters.
+            return Ok(self
+                .head(key)
+                .await?
+                .map(|len| (Box::pin(tokio::io::empty()) as ObjectReader, len)));
+        }
+        let mut req = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.key(key));
+        if let Some((start, end)) = range {
+            req = req.range(format!("bytes={start}-{}", end - 1));
+        }
+        match req.send().await {
+            Ok(out) => {
+                let total = match (range, out.content_range()) {
+                    (Some(_), Some(cr)) => cr
+                        .rsplit('/')
+                        .next()
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(0),
+                    _ => out.content_length().unwrap_or(0).max(0) as u64,
+                };
+                Ok(Some((Box::pin(out.body.into_async_read()), total)))
+            }
+            Err(SdkError::ServiceError(e)) if e.err().is_no_such_key() => Ok(None),
+            Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
+            Err(e) => Err(s3_err("get", key, e)),
+        }
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<u64>, BlobError> {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(out.content_length().unwrap_or(0).max(0) as u64)),
+            Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
+            Err(e) => Err(s3_err("head", key, e)),
+        }
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .send()
+            .await
+            .map_err(|e| s3_err("delete", key, e))?;
+        Ok(())
+    }
+
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ListedObject>, BlobError> {
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(self.key(prefix))
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| s3_err("list", prefix, e))?;
+            for o in page.contents() {
+                let Some(key) = o.key().and_then(|k| k.strip_prefix(&self.prefix)) else {
+                    continue;
+                };
+                out.push(ListedObject {
+                    key: key.to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    modified_ms: o
+                        .last_modified()
+                        .and_then(|t| t.to_millis().ok())
+                        .unwrap_or(0),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn ping(&self) -> bool {
+        self.client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .is_ok()
+    }
+}

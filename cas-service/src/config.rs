@@ -1,0 +1,353 @@
+//! Configuration: defaults, then an optional TOML file, then `UNICAS_*` environment variables.
+//!
+//! Every key of the TOML file has an environment variable of the same name in upper case with
+//! the `UNICAS_` prefix (`lease_min_ms` → `UNICAS_LEASE_MIN_MS`). Limits and intervals take `0`
+//! to mean "off" where noted. Secrets are never printed: `Debug` and `check-config` redact the
+//! database URL's password.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+/// The service configuration. See `docs/configuration.md` for every key.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: String,
+    /// Directory for the embedded default (SQLite file, `blobs/`, spool files).
+    pub data_dir: PathBuf,
+    /// `sqlite://…` or `postgres://…`; default: `sqlite://<data_dir>/unicas.db`.
+    pub database_url: Option<String>,
+    /// `file:///abs/path` or `s3://bucket/prefix`; default: `file://<data_dir>/blobs`.
+    pub blob_store: Option<String>,
+    /// Base URL of this service as clients reach it (signed upload URLs start with it);
+    /// default: `http://<listen>`.
+    pub public_url: Option<String>,
+    /// The `aud` that Space capabilities must carry.
+    pub audience: String,
+    /// Shortest lease the service grants, whatever is asked.
+    pub lease_min_ms: u64,
+    /// Longest lease the service grants.
+    pub lease_max_ms: u64,
+    /// How long a signed upload URL stays valid.
+    pub upload_url_ttl_ms: u64,
+    /// How long an upload generation lives without progress before GC retires it.
+    pub upload_ttl_ms: u64,
+    /// Most active upload generations per Space (`0` = no limit).
+    pub max_active_uploads: u64,
+    /// Largest canonical node, in bytes.
+    pub node_max_bytes: u64,
+    /// Most refs of one node.
+    pub node_max_refs: u32,
+    /// Interval of the background collector (`0` = off).
+    pub gc_interval_ms: u64,
+    /// Nodes examined per background pass and Space.
+    pub gc_batch: u32,
+    /// Requests per second per client address (`0` = off).
+    pub rate_limit_per_ip: u64,
+    /// Requests per second per App, after authentication (`0` = off).
+    pub rate_limit_per_app: u64,
+    /// Largest JSON request body, in bytes (`0` = no limit).
+    pub json_body_limit: u64,
+    /// How long the issuer registry is cached; it fails closed at twice this age.
+    pub auth_cache_ms: u64,
+    /// Allowed clock skew for token time bounds, in seconds.
+    pub auth_leeway_s: u64,
+    /// Store canonical objects of at least this many bytes compressed with zstd (`0` = off).
+    pub compress_min_bytes: u64,
+    /// zstd level for compression at rest.
+    pub compress_level: i32,
+    /// With an S3 store: uploads declared at most this large go through the service and cost
+    /// one object write; larger ones go straight to S3 with a presigned URL.
+    pub small_upload_bytes: u64,
+    /// Custom S3 endpoint (e.g. a local S3-compatible server).
+    pub s3_endpoint: Option<String>,
+    /// Path-style S3 addressing.
+    pub s3_path_style: bool,
+    /// S3 region; default from `AWS_REGION`, else `us-east-1`.
+    pub s3_region: Option<String>,
+    /// Concurrent node validations (bounds memory and temporary disk use).
+    pub max_concurrent_validations: usize,
+    /// SQLite `synchronous` pragma: `full` (default, every commit durable) or `normal`.
+    pub sqlite_synchronous: String,
+    /// Connections in the database pool.
+    pub database_max_connections: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".into(),
+            data_dir: PathBuf::from("./data"),
+            database_url: None,
+            blob_store: None,
+            public_url: None,
+            audience: "unicas".into(),
+            lease_min_ms: 60_000,
+            lease_max_ms: 24 * 3600 * 1000,
+            upload_url_ttl_ms: 15 * 60 * 1000,
+            upload_ttl_ms: 60 * 60 * 1000,
+            max_active_uploads: 10_000,
+            node_max_bytes: 32 << 20,
+            node_max_refs: 256,
+            gc_interval_ms: 60_000,
+            gc_batch: 1000,
+            rate_limit_per_ip: 20_000,
+            rate_limit_per_app: 50_000,
+            json_body_limit: 1 << 20,
+            auth_cache_ms: 30_000,
+            auth_leeway_s: 30,
+            compress_min_bytes: 0,
+            compress_level: 3,
+            small_upload_bytes: 1 << 20,
+            s3_endpoint: None,
+            s3_path_style: false,
+            s3_region: None,
+            max_concurrent_validations: 8,
+            sqlite_synchronous: "full".into(),
+            database_max_connections: 16,
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("data_dir", &self.data_dir)
+            .field(
+                "database_url",
+                &self.database_url().map(|u| redact_url(&u)).ok(),
+            )
+            .field("blob_store", &self.blob_store().ok())
+            .field("public_url", &self.public_url().ok())
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Hides the password of a URL (`postgres://user:secret@host` → `postgres://user:***@host`).
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let Some(at) = rest.find('@') else {
+        return url.to_string();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &rest[..colon],
+            &rest[at..]
+        ),
+        None => url.to_string(),
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(format!("UNICAS_{name}"))
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+fn parse_env<T: std::str::FromStr>(name: &str, slot: &mut T) -> anyhow::Result<()>
+where
+    T::Err: std::fmt::Display,
+{
+    if let Some(v) = env(name) {
+        *slot = v
+            .parse()
+            .map_err(|e| anyhow::anyhow!("UNICAS_{name}={v:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn parse_env_opt(name: &str, slot: &mut Option<String>) {
+    if let Some(v) = env(name) {
+        *slot = Some(v);
+    }
+}
+
+impl Config {
+    /// Defaults, then `file` (or `UNICAS_CONFIG`) if given, then the environment.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let file = file
+            .map(Path::to_path_buf)
+            .or_else(|| env("CONFIG").map(PathBuf::from));
+        let mut c = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read config file {}", path.display()))?;
+                toml::from_str(&text)
+                    .with_context(|| format!("invalid config file {}", path.display()))?
+            }
+            None => Config::default(),
+        };
+        c.apply_env()?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn apply_env(&mut self) -> anyhow::Result<()> {
+        parse_env("LISTEN", &mut self.listen)?;
+        parse_env("DATA_DIR", &mut self.data_dir)?;
+        parse_env_opt("DATABASE_URL", &mut self.database_url);
+        parse_env_opt("BLOB_STORE", &mut self.blob_store);
+        parse_env_opt("PUBLIC_URL", &mut self.public_url);
+        parse_env("AUDIENCE", &mut self.audience)?;
+        parse_env("LEASE_MIN_MS", &mut self.lease_min_ms)?;
+        parse_env("LEASE_MAX_MS", &mut self.lease_max_ms)?;
+        parse_env("UPLOAD_URL_TTL_MS", &mut self.upload_url_ttl_ms)?;
+        parse_env("UPLOAD_TTL_MS", &mut self.upload_ttl_ms)?;
+        parse_env("MAX_ACTIVE_UPLOADS", &mut self.max_active_uploads)?;
+        parse_env("NODE_MAX_BYTES", &mut self.node_max_bytes)?;
+        parse_env("NODE_MAX_REFS", &mut self.node_max_refs)?;
+        parse_env("GC_INTERVAL_MS", &mut self.gc_interval_ms)?;
+        parse_env("GC_BATCH", &mut self.gc_batch)?;
+        parse_env("RATE_LIMIT_PER_IP", &mut self.rate_limit_per_ip)?;
+        parse_env("RATE_LIMIT_PER_APP", &mut self.rate_limit_per_app)?;
+        parse_env("JSON_BODY_LIMIT", &mut self.json_body_limit)?;
+        parse_env("AUTH_CACHE_MS", &mut self.auth_cache_ms)?;
+        parse_env("AUTH_LEEWAY_S", &mut self.auth_leeway_s)?;
+        parse_env("COMPRESS_MIN_BYTES", &mut self.compress_min_bytes)?;
+        parse_env("COMPRESS_LEVEL", &mut self.compress_level)?;
+        parse_env("SMALL_UPLOAD_BYTES", &mut self.small_upload_bytes)?;
+        parse_env_opt("S3_ENDPOINT", &mut self.s3_endpoint);
+        parse_env("S3_PATH_STYLE", &mut self.s3_path_style)?;
+        parse_env_opt("S3_REGION", &mut self.s3_region);
+        parse_env(
+            "MAX_CONCURRENT_VALIDATIONS",
+            &mut self.max_concurrent_validations,
+        )?;
+        parse_env("SQLITE_SYNCHRONOUS", &mut self.sqlite_synchronous)?;
+        parse_env(
+            "DATABASE_MAX_CONNECTIONS",
+            &mut self.database_max_connections,
+        )?;
+        Ok(())
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        self.listen_addr()?;
+        if self.lease_min_ms == 0 || self.lease_min_ms > self.lease_max_ms {
+            bail!("lease_min_ms must be at least 1 and at most lease_max_ms");
+        }
+        if self.node_max_bytes < 1024 {
+            bail!("node_max_bytes must be at least 1024");
+        }
+        if self.upload_url_ttl_ms == 0 || self.upload_ttl_ms < self.upload_url_ttl_ms {
+            bail!("upload_ttl_ms must be at least upload_url_ttl_ms, which must be positive");
+        }
+        if !matches!(self.sqlite_synchronous.as_str(), "full" | "normal") {
+            bail!("sqlite_synchronous must be \"full\" or \"normal\"");
+        }
+        if self.max_concurrent_validations == 0 || self.database_max_connections == 0 {
+            bail!("max_concurrent_validations and database_max_connections must be positive");
+        }
+        if !(1..=22).contains(&self.compress_level) {
+            bail!("compress_level must be 1..=22");
+        }
+        self.database_url()?;
+        self.blob_store()?;
+        self.public_url()?;
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.listen
+            .parse()
+            .with_context(|| format!("listen address {:?} is not host:port", self.listen))
+    }
+
+    pub fn database_url(&self) -> anyhow::Result<String> {
+        let url = match &self.database_url {
+            Some(u) => u.clone(),
+            None => format!(
+                "sqlite://{}?mode=rwc",
+                self.data_dir.join("unicas.db").display()
+            ),
+        };
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            bail!("database URL must start with sqlite: or postgres://");
+        }
+        Ok(url)
+    }
+
+    pub fn blob_store(&self) -> anyhow::Result<String> {
+        let url = match &self.blob_store {
+            Some(u) => u.clone(),
+            None => {
+                let dir = absolute(&self.data_dir.join("blobs"))?;
+                format!("file://{}", dir.display())
+            }
+        };
+        if !(url.starts_with("file://") || url.starts_with("s3://")) {
+            bail!("blob store must be file:///path or s3://bucket/prefix");
+        }
+        Ok(url)
+    }
+
+    /// The base of signed upload URLs, without a trailing slash.
+    pub fn public_url(&self) -> anyhow::Result<String> {
+        let url = match &self.public_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => format!("http://{}", self.listen),
+        };
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("public_url must start with http:// or https://");
+        }
+        Ok(url)
+    }
+
+    /// The address actually bound may differ (port 0): derive the public URL from it unless one
+    /// was configured.
+    pub fn with_bound_addr(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr.to_string();
+        self
+    }
+
+    /// Whether a lease of `requested` ms becomes, after clamping.
+    pub fn clamp_lease(&self, requested: u64) -> u64 {
+        requested.clamp(self.lease_min_ms, self.lease_max_ms)
+    }
+}
+
+fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .context("cannot read the current directory")?
+        .join(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    #[test]
+    fn toml_keys_are_checked() {
+        let c: Config = toml::from_str("listen = \"0.0.0.0:9000\"\nlease_min_ms = 1000").unwrap();
+        assert_eq!(c.listen, "0.0.0.0:9000");
+        assert_eq!(c.lease_min_ms, 1000);
+        assert!(toml::from_str::<Config>("lease_minimum = 3").is_err());
+    }
+}

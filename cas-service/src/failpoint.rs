@@ -1,0 +1,38 @@
+//! Named failpoints for crash and fault tests. They exist only in builds with the `failpoints`
+//! feature and act only when `UNICAS_FAILPOINTS` names them, as `name=action[,name=action]`:
+//!
+//! - `pause`: log `failpoint <name> reached` and wait forever (a test then kills the process);
+//! - `abort`: end the process on the spot;
+//! - `error`: make the step fail as if its store had failed.
+
+/// Whether the failpoint `name` asks the caller to fail. Without the feature: never.
+#[cfg(feature = "failpoints")]
+pub async fn hit(name: &str) -> bool {
+    let Ok(spec) = std::env::var("UNICAS_FAILPOINTS") else {
+        return false;
+    };
+    let action = spec
+        .split(',')
+        .filter_map(|item| item.split_once('='))
+        .find(|(n, _)| n.trim() == name)
+        .map(|(_, a)| a.trim().to_string());
+    match action.as_deref() {
+        Some("pause") => {
+            tracing::warn!("failpoint {name} reached");
+            std::future::pending::<()>().await;
+            false
+        }
+        Some("abort") => {
+            tracing::warn!("failpoint {name} reached; aborting");
+            std::process::abort()
+        }
+        Some("error") => true,
+        _ => false,
+    }
+}
+
+/// Whether the failpoint `name` asks the caller to fail. Without the feature: never.
+#[cfg(not(feature = "failpoints"))]
+pub async fn hit(_name: &str) -> bool {
+    false
+}

@@ -1,0 +1,188 @@
+//! Garbage collection: bounded passes per (App, Space), on request and in the background.
+//!
+//! Each candidate goes through three steps: (1) under the gate, recheck eligibility and mark the
+//! row as being collected (it is not ready from then on); (2) delete its object; (3) under the
+//! gate, delete its edges, decrement its children and delete the row. A crash after any step
+//! leaves a state the next pass finishes. Passes also retire expired upload generations and
+//! delete objects superseded by re-publication.
+
+use std::time::Duration;
+
+use cas_format::wire::GcResponse;
+use cas_format::{AppId, SpaceId};
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::blob::{node_key, upload_key};
+use crate::error::{ApiError, ApiResult};
+use crate::meta::{Marked, TargetKind};
+use crate::{Service, failpoint, now_ms};
+
+/// A row marked longer ago than this is taken over by any pass (its marker crashed).
+const STALE_MARK_MS: i64 = 60_000;
+/// Object deletions in flight at once.
+const DELETE_CONCURRENCY: usize = 16;
+
+impl Service {
+    /// One bounded pass over a partition: examines at most `max_nodes` nodes.
+    pub async fn gc_pass(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        max_nodes: u32,
+    ) -> ApiResult<GcResponse> {
+        let max = max_nodes as i64;
+        self.retire_generations(app, space, max).await?;
+        self.delete_retired_objects(app, space, max).await?;
+
+        let now = now_ms();
+        let mut p = self.meta.gate(app, space).await?;
+        let (examined, marked) = p.mark_for_collection(now, now - STALE_MARK_MS, max).await?;
+        p.commit().await?;
+        if marked.is_empty() {
+            return Ok(GcResponse {
+                examined,
+                ..Default::default()
+            });
+        }
+        if failpoint::hit("gc.after_mark").await {
+            return Err(ApiError::storage_unavailable(
+                "collecting",
+                "failpoint gc.after_mark",
+            ));
+        }
+
+        let deleted_objects: Vec<Marked> = futures_util::stream::iter(marked)
+            .map(|m| async move {
+                let key = node_key(app, space, &m.hash, &m.object_gen);
+                match self.blobs.delete(&key).await {
+                    Ok(()) => Some(m),
+                    Err(e) => {
+                        tracing::warn!(error = %e, hash = %m.hash, "object delete failed; the next pass retries");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(DELETE_CONCURRENCY)
+            .filter_map(|m| async move { m })
+            .collect()
+            .await;
+        if failpoint::hit("gc.after_delete").await {
+            return Err(ApiError::storage_unavailable(
+                "collecting",
+                "failpoint gc.after_delete",
+            ));
+        }
+
+        let mut p = self.meta.gate(app, space).await?;
+        let (deleted, reclaimed) = p.sweep(&deleted_objects).await.map_err(|e| {
+            ApiError::internal(
+                "sweeping collected nodes (a child count would go negative?)",
+                e,
+            )
+        })?;
+        p.commit().await?;
+        self.metrics.gc_done(deleted, reclaimed);
+        if deleted > 0 {
+            tracing::info!(app = %app, space = %space, deleted, reclaimed, "gc pass");
+        }
+        Ok(GcResponse {
+            examined,
+            deleted,
+            reclaimed_content_bytes: reclaimed,
+        })
+    }
+
+    async fn retire_generations(&self, app: &AppId, space: &SpaceId, max: i64) -> ApiResult<()> {
+        let mut p = self.meta.gate(app, space).await?;
+        let retiring = p.retiring_generations(now_ms(), max).await?;
+        p.commit().await?;
+        if retiring.is_empty() {
+            return Ok(());
+        }
+        let mut gone = Vec::with_capacity(retiring.len());
+        for r in retiring {
+            let g = &r.generation;
+            let mut ok = match g.target {
+                TargetKind::Inline => true,
+                TargetKind::Service | TargetKind::Presigned => {
+                    self.delete_logged(&upload_key(app, space, &g.gen_id)).await
+                }
+            };
+            if r.delete_canonical {
+                ok &= self
+                    .delete_logged(&node_key(app, space, &g.hash, &g.gen_id))
+                    .await;
+            }
+            if ok {
+                gone.push(g.gen_id.clone());
+            }
+        }
+        let mut p = self.meta.gate(app, space).await?;
+        p.forget_generations(&gone).await?;
+        p.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_retired_objects(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        max: i64,
+    ) -> ApiResult<()> {
+        let mut p = self.meta.gate(app, space).await?;
+        let objects = p.retired_objects(max).await?;
+        p.commit().await?;
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let mut gone = Vec::with_capacity(objects.len());
+        for (hash, object_gen) in objects {
+            if self
+                .delete_logged(&node_key(app, space, &hash, &object_gen))
+                .await
+            {
+                gone.push((hash, object_gen));
+            }
+        }
+        let mut p = self.meta.gate(app, space).await?;
+        p.forget_retired_objects(&gone).await?;
+        p.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_logged(&self, key: &str) -> bool {
+        match self.blobs.delete(key).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "object delete failed; the next pass retries");
+                false
+            }
+        }
+    }
+
+    /// Runs passes over every partition every `interval` until `stop` is cancelled.
+    pub async fn background_gc(&self, interval: Duration, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let partitions = match self.meta.partitions().await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "background gc cannot list partitions");
+                    continue;
+                }
+            };
+            for (app, space) in partitions {
+                if stop.is_cancelled() {
+                    return;
+                }
+                if let Err(e) = self.gc_pass(&app, &space, self.config.gc_batch).await {
+                    tracing::warn!(app = %app, space = %space, error = %e, "background gc pass failed");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Garbage-collection steps that touch the database: marking eligible rows as being collected,
+//! sweeping marked rows once their objects are gone, and retiring upload generations.
+
+use cas_format::Hash;
+use sqlx::Row;
+
+use super::nodes::{GEN_COLUMNS, GenState, Generation, generation_from_row};
+use super::usage::{self, UsageDelta};
+use super::{Partition, hash_col, hb, placeholders};
+
+/// A row marked as being collected, with what its sweep needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marked {
+    pub hash: Hash,
+    pub object_gen: String,
+    pub size: i64,
+}
+
+/// A generation whose objects GC deletes before forgetting it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetiringGeneration {
+    pub generation: Generation,
+    /// False for published generations, whose canonical object belongs to a node row.
+    pub delete_canonical: bool,
+}
+
+impl Partition {
+    /// Step 1: rechecks eligibility under the gate and marks up to `max` rows as being
+    /// collected (from now on they are not ready). Also returns rows a crashed pass left marked
+    /// before `stale_before`. Returns how many rows were examined and the marked rows.
+    pub async fn mark_for_collection(
+        &mut self,
+        now: i64,
+        stale_before: i64,
+        max: i64,
+    ) -> Result<(u64, Vec<Marked>), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let leftovers = sqlx::query(
+            "SELECT hash, object_gen, size FROM nodes WHERE app_id = $1 AND space_id = $2 \
+             AND collecting_since IS NOT NULL AND collecting_since <= $3 LIMIT $4",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(stale_before)
+        .bind(max)
+        .fetch_all(&mut **self.tx())
+        .await?;
+        let candidates = sqlx::query(
+            "SELECT hash, object_gen, size, stored_bytes FROM nodes n \
+             WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND root_ref_count = 0 \
+             AND collecting_since IS NULL AND lease_expires_at <= $3 \
+             AND NOT EXISTS (SELECT 1 FROM upload_generations g WHERE g.app_id = n.app_id \
+               AND g.space_id = n.space_id AND g.hash = n.hash \
+               AND g.state IN ('awaiting_upload', 'validated') AND g.expires_at > $3) \
+             ORDER BY lease_expires_at LIMIT $4",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(now)
+        .bind(max)
+        .fetch_all(&mut **self.tx())
+        .await?;
+        let mut marked = Vec::with_capacity(leftovers.len() + candidates.len());
+        for r in &leftovers {
+            marked.push(Marked {
+                hash: hash_col(r, "hash")?,
+                object_gen: r.try_get("object_gen")?,
+                size: r.try_get("size")?,
+            });
+        }
+        let mut delta = UsageDelta::default();
+        let mut fresh = Vec::with_capacity(candidates.len());
+        for r in &candidates {
+            let m = Marked {
+                hash: hash_col(r, "hash")?,
+                object_gen: r.try_get("object_gen")?,
+                size: r.try_get("size")?,
+            };
+            let stored: i64 = r.try_get("stored_bytes")?;
+            delta.not_ready_node_count += 1;
+            delta.ready_content_bytes -= m.size;
+            delta.ready_stored_bytes -= stored;
+            fresh.push(m.hash);
+            marked.push(m);
+        }
+        if !fresh.is_empty() {
+            let sql = format!(
+                "UPDATE nodes SET collecting_since = $3 WHERE app_id = $1 AND space_id = $2 \
+                 AND collecting_since IS NULL AND hash IN ({})",
+                placeholders(4, fresh.len())
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(now);
+            for h in &fresh {
+                q = q.bind(hb(h));
+            }
+            q.execute(&mut **self.tx()).await?;
+            usage::apply(self.tx(), &app, &space, delta).await?;
+        }
+        Ok(((leftovers.len() + candidates.len()) as u64, marked))
+    }
+
+    /// Step 3, once the objects are deleted: for each row still marked with the same object,
+    /// deletes its edges, decrements its children (a count that would go negative aborts the
+    /// whole transaction) and deletes the row. Returns rows deleted and their content bytes.
+    pub async fn sweep(&mut self, marked: &[Marked]) -> Result<(u64, u64), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let mut deleted = 0u64;
+        let mut reclaimed = 0u64;
+        for m in marked {
+            let Some(row) = self.node(&m.hash).await? else {
+                continue;
+            };
+            if row.is_ready() || row.object_gen != m.object_gen {
+                // Made ready again by a re-upload: not ours to delete.
+                continue;
+            }
+            let children = sqlx::query(
+                "SELECT child, COUNT(*) AS n FROM edges WHERE app_id = $1 AND space_id = $2 \
+                 AND parent = $3 GROUP BY child",
+            )
+            .bind(app.as_str())
+            .bind(space.as_str())
+            .bind(hb(&m.hash))
+            .fetch_all(&mut **self.tx())
+            .await?;
+            sqlx::query("DELETE FROM edges WHERE app_id = $1 AND space_id = $2 AND parent = $3")
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(hb(&m.hash))
+                .execute(&mut **self.tx())
+                .await?;
+            for c in &children {
+                let child = hash_col(c, "child")?;
+                let n: i64 = c.try_get("n")?;
+                self.add_child_refs(&child, -n).await?;
+            }
+            sqlx::query("DELETE FROM nodes WHERE app_id = $1 AND space_id = $2 AND hash = $3")
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(hb(&m.hash))
+                .execute(&mut **self.tx())
+                .await?;
+            usage::apply(
+                self.tx(),
+                &app,
+                &space,
+                UsageDelta {
+                    node_count: -1,
+                    not_ready_node_count: -1,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            deleted += 1;
+            reclaimed += row.size as u64;
+        }
+        Ok((deleted, reclaimed))
+    }
+
+    /// Retires expired active generations (releasing their reservations) and returns up to
+    /// `max` generations whose objects GC should now delete: retired ones, expired ones, and
+    /// published ones whose upload URL can no longer be used.
+    pub async fn retiring_generations(
+        &mut self,
+        now: i64,
+        max: i64,
+    ) -> Result<Vec<RetiringGeneration>, sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {GEN_COLUMNS} FROM upload_generations WHERE app_id = $1 AND space_id = $2 \
+             AND ((state IN ('published', 'retired') AND url_expires_at <= $3) \
+               OR (state IN ('awaiting_upload', 'validated') AND expires_at <= $3)) \
+             ORDER BY expires_at LIMIT $4"
+        )))
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(now)
+        .bind(max)
+        .fetch_all(&mut **self.tx())
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let g = generation_from_row(r)?;
+            if g.state.is_active() {
+                self.retire_generation(&g).await?;
+            }
+            out.push(RetiringGeneration {
+                delete_canonical: g.state != GenState::Published,
+                generation: g,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Forgets generations whose objects are gone.
+    pub async fn forget_generations(&mut self, gen_ids: &[String]) -> Result<(), sqlx::Error> {
+        for id in gen_ids {
+            sqlx::query(
+                "DELETE FROM upload_generations WHERE gen_id = $1 AND state IN ('published', 'retired')",
+            )
+            .bind(id.as_str())
+            .execute(&mut **self.tx())
+            .await?;
+            sqlx::query("DELETE FROM upload_bodies WHERE gen_id = $1")
+                .bind(id.as_str())
+                .execute(&mut **self.tx())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Objects superseded by a re-publication, up to `max`.
+    pub async fn retired_objects(&mut self, max: i64) -> Result<Vec<(Hash, String)>, sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        sqlx::query(
+            "SELECT hash, object_gen FROM retired_objects WHERE app_id = $1 AND space_id = $2 LIMIT $3",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(max)
+        .fetch_all(&mut **self.tx())
+        .await?
+        .iter()
+        .map(|r| Ok((hash_col(r, "hash")?, r.try_get("object_gen")?)))
+        .collect()
+    }
+
+    pub async fn forget_retired_objects(
+        &mut self,
+        objects: &[(Hash, String)],
+    ) -> Result<(), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        for (hash, object_gen) in objects {
+            sqlx::query(
+                "DELETE FROM retired_objects WHERE app_id = $1 AND space_id = $2 AND hash = $3 \
+                 AND object_gen = $4",
+            )
+            .bind(app.as_str())
+            .bind(space.as_str())
+            .bind(hb(hash))
+            .bind(object_gen.as_str())
+            .execute(&mut **self.tx())
+            .await?;
+        }
+        Ok(())
+    }
+}

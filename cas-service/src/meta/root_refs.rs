@@ -1,0 +1,323 @@
+//! Root references: one transaction per accepted update (idempotency, App-global revision,
+//! counts, event, versioned balance projection), and reads of balances and events at one
+//! revision.
+
+use std::collections::BTreeMap;
+
+use cas_format::{AppId, Hash, RequestId, SpaceId};
+use sqlx::Row;
+
+use super::{MetaStore, Partition, hash_col, hb, id_col};
+
+/// Largest root ref count a node may reach (the JSON-safe integer range).
+pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
+
+/// Why an update was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootRefRejection {
+    /// The request id was used before with other changes.
+    IdempotencyConflict,
+    UnknownNode(Hash),
+    /// A positive delta targets a node that is being collected.
+    NotReady(Hash),
+    Negative {
+        hash: Hash,
+        result: i64,
+    },
+    Overflow(Hash),
+}
+
+/// One event of the App-global root-ref stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootRefEvent {
+    pub revision: i64,
+    pub space_id: SpaceId,
+    pub request_id: String,
+    /// JSON object of hash to delta.
+    pub changes: String,
+    pub actor: String,
+    pub applied_at: i64,
+}
+
+/// Where a page of balances continues: after (space, hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BalanceCursor {
+    pub space: Option<SpaceId>,
+    pub hash: Hash,
+}
+
+impl Partition {
+    /// Applies one root-ref update, or replays it. Returns `(revision, idempotent)`.
+    pub async fn update_root_refs(
+        &mut self,
+        request_id: &RequestId,
+        changes: &BTreeMap<Hash, i64>,
+        payload_hash: &Hash,
+        actor: &str,
+        now: i64,
+    ) -> Result<Result<(i64, bool), RootRefRejection>, sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        if let Some(row) = sqlx::query(
+            "SELECT payload_hash, revision FROM root_ref_requests \
+             WHERE app_id = $1 AND space_id = $2 AND request_id = $3",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(request_id.as_str())
+        .fetch_optional(&mut **self.tx())
+        .await?
+        {
+            let stored: Vec<u8> = row.try_get("payload_hash")?;
+            let revision: i64 = row.try_get("revision")?;
+            return Ok(if stored == payload_hash.as_bytes() {
+                Ok((revision, true))
+            } else {
+                Err(RootRefRejection::IdempotencyConflict)
+            });
+        }
+        let mut results = Vec::with_capacity(changes.len());
+        for (hash, delta) in changes {
+            let Some(row) = self.node(hash).await? else {
+                return Ok(Err(RootRefRejection::UnknownNode(*hash)));
+            };
+            if *delta > 0 && !row.is_ready() {
+                return Ok(Err(RootRefRejection::NotReady(*hash)));
+            }
+            let result = row.root_ref_count + delta;
+            if result < 0 {
+                return Ok(Err(RootRefRejection::Negative {
+                    hash: *hash,
+                    result,
+                }));
+            }
+            if result > MAX_ROOT_REF_COUNT {
+                return Ok(Err(RootRefRejection::Overflow(*hash)));
+            }
+            results.push((*hash, result));
+        }
+        let revision: i64 = sqlx::query(
+            "UPDATE apps SET revision = revision + 1 WHERE app_id = $1 RETURNING revision",
+        )
+        .bind(app.as_str())
+        .fetch_one(&mut **self.tx())
+        .await?
+        .try_get("revision")?;
+        for (hash, count) in &results {
+            sqlx::query(
+                "UPDATE nodes SET root_ref_count = $4 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+            )
+            .bind(app.as_str())
+            .bind(space.as_str())
+            .bind(hb(hash))
+            .bind(*count)
+            .execute(&mut **self.tx())
+            .await?;
+            sqlx::query(
+                "UPDATE root_ref_balances SET revision_to = $4 WHERE app_id = $1 AND space_id = $2 \
+                 AND hash = $3 AND revision_to IS NULL",
+            )
+            .bind(app.as_str())
+            .bind(space.as_str())
+            .bind(hb(hash))
+            .bind(revision)
+            .execute(&mut **self.tx())
+            .await?;
+            if *count > 0 {
+                sqlx::query(
+                    "INSERT INTO root_ref_balances (app_id, space_id, hash, ref_count, revision_from) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(hb(hash))
+                .bind(*count)
+                .bind(revision)
+                .execute(&mut **self.tx())
+                .await?;
+            }
+        }
+        let changes_json = serde_json::to_string(changes).unwrap_or_else(|_| "{}".to_string());
+        sqlx::query(
+            "INSERT INTO root_ref_events (app_id, revision, space_id, request_id, changes, actor, applied_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(app.as_str())
+        .bind(revision)
+        .bind(space.as_str())
+        .bind(request_id.as_str())
+        .bind(changes_json)
+        .bind(actor)
+        .bind(now)
+        .execute(&mut **self.tx())
+        .await?;
+        sqlx::query(
+            "INSERT INTO root_ref_requests (app_id, space_id, request_id, payload_hash, revision) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(request_id.as_str())
+        .bind(hb(payload_hash))
+        .bind(revision)
+        .execute(&mut **self.tx())
+        .await?;
+        Ok(Ok((revision, false)))
+    }
+}
+
+fn event_from_row(r: &sqlx::any::AnyRow) -> Result<RootRefEvent, sqlx::Error> {
+    Ok(RootRefEvent {
+        revision: r.try_get("revision")?,
+        space_id: id_col(r, "space_id")?,
+        request_id: r.try_get("request_id")?,
+        changes: r.try_get("changes")?,
+        actor: r.try_get("actor")?,
+        applied_at: r.try_get("applied_at")?,
+    })
+}
+
+impl MetaStore {
+    /// The App's current revision, or `None` for an unknown App.
+    pub async fn app_revision(&self, app: &AppId) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query("SELECT revision FROM apps WHERE app_id = $1")
+            .bind(app.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.try_get("revision"))
+            .transpose()
+    }
+
+    /// Balances as they were at `revision`, ordered by (space, hash), after `cursor`,
+    /// optionally of one Space.
+    pub async fn balances_at(
+        &self,
+        app: &AppId,
+        space: Option<&SpaceId>,
+        revision: i64,
+        cursor: Option<&BalanceCursor>,
+        limit: i64,
+    ) -> Result<Vec<(SpaceId, Hash, i64)>, sqlx::Error> {
+        let (after_space, after_hash) = match cursor {
+            Some(c) => (
+                c.space
+                    .as_ref()
+                    .or(space)
+                    .map(|s| s.as_str().to_string())
+                    .unwrap_or_default(),
+                hb(&c.hash),
+            ),
+            None => (String::new(), Vec::new()),
+        };
+        let rows = match space {
+            Some(space) => {
+                sqlx::query(
+                    "SELECT space_id, hash, ref_count FROM root_ref_balances \
+                     WHERE app_id = $1 AND space_id = $2 AND revision_from <= $3 \
+                     AND (revision_to IS NULL OR revision_to > $3) AND hash > $4 \
+                     ORDER BY hash LIMIT $5",
+                )
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(revision)
+                .bind(if cursor.is_some() {
+                    after_hash
+                } else {
+                    Vec::new()
+                })
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query(
+                    "SELECT space_id, hash, ref_count FROM root_ref_balances \
+                     WHERE app_id = $1 AND revision_from <= $2 \
+                     AND (revision_to IS NULL OR revision_to > $2) \
+                     AND (space_id > $3 OR (space_id = $3 AND hash > $4)) \
+                     ORDER BY space_id, hash LIMIT $5",
+                )
+                .bind(app.as_str())
+                .bind(revision)
+                .bind(after_space)
+                .bind(after_hash)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    id_col(r, "space_id")?,
+                    hash_col(r, "hash")?,
+                    r.try_get("ref_count")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Events with `after < revision <= upto`, ascending, optionally of one Space.
+    pub async fn events(
+        &self,
+        app: &AppId,
+        space: Option<&SpaceId>,
+        after: i64,
+        upto: i64,
+        limit: i64,
+    ) -> Result<Vec<RootRefEvent>, sqlx::Error> {
+        let rows = match space {
+            Some(space) => {
+                sqlx::query(
+                    "SELECT revision, space_id, request_id, changes, actor, applied_at FROM root_ref_events \
+                     WHERE app_id = $1 AND space_id = $2 AND revision > $3 AND revision <= $4 \
+                     ORDER BY revision LIMIT $5",
+                )
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(after)
+                .bind(upto)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query(
+                    "SELECT revision, space_id, request_id, changes, actor, applied_at FROM root_ref_events \
+                     WHERE app_id = $1 AND revision > $2 AND revision <= $3 ORDER BY revision LIMIT $4",
+                )
+                .bind(app.as_str())
+                .bind(after)
+                .bind(upto)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        rows.iter().map(event_from_row).collect()
+    }
+
+    /// The sum of every event's delta per (space, hash) of an App (for consistency checks).
+    pub async fn event_sums(
+        &self,
+        app: &AppId,
+    ) -> Result<BTreeMap<(String, Hash), i64>, sqlx::Error> {
+        let mut sums: BTreeMap<(String, Hash), i64> = BTreeMap::new();
+        let mut after = 0;
+        loop {
+            let batch = self.events(app, None, after, i64::MAX, 1000).await?;
+            let Some(last) = batch.last() else { break };
+            after = last.revision;
+            for e in &batch {
+                let changes: BTreeMap<Hash, i64> = serde_json::from_str(&e.changes)
+                    .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
+                for (h, d) in changes {
+                    *sums
+                        .entry((e.space_id.as_str().to_string(), h))
+                        .or_default() += d;
+                }
+            }
+        }
+        sums.retain(|_, v| *v != 0);
+        Ok(sums)
+    }
+}

@@ -1,0 +1,4 @@
+//! `unicas-server` as the end-to-end tests run it (with failpoints compiled in).
+fn main() -> std::process::ExitCode {
+    cas_service::cli::main()
+}
