@@ -37,6 +37,23 @@ enum Command {
     /// Manage Apps, their issuers and keys.
     #[command(subcommand)]
     App(AppCommand),
+    /// Check that metadata and objects agree; exit non-zero on any inconsistency.
+    Fsck {
+        #[arg(long)]
+        app: AppId,
+        #[arg(long)]
+        space: Option<SpaceId>,
+        /// Adopt orphan objects an upload's evidence proves; delete other orphans past their
+        /// grace period.
+        #[arg(long)]
+        repair_orphans: bool,
+        /// Skip reading objects to check their hashes.
+        #[arg(long)]
+        no_content: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run GC passes over one Space until a pass deletes nothing.
     Gc {
         #[arg(long)]
@@ -139,6 +156,47 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::CheckConfig => check_config(config).await,
         Command::App(cmd) => app(config, cmd).await,
+        Command::Fsck {
+            app,
+            space,
+            repair_orphans,
+            no_content,
+            json,
+        } => {
+            let svc = Service::open(config).await?;
+            let report = svc
+                .fsck(&crate::fsck::FsckOptions {
+                    app,
+                    space,
+                    repair_orphans,
+                    verify_content: !no_content,
+                })
+                .await?;
+            if json {
+                say(serde_json::to_string(&report)?);
+            } else {
+                for f in &report.findings {
+                    let level = if f.inconsistent { "ERROR" } else { "note " };
+                    say(format_args!("{level} {}: {}", f.kind, f.detail));
+                }
+                say(format_args!(
+                    "{} nodes, {} objects checked; {} adopted, {} deleted; {}",
+                    report.nodes_checked,
+                    report.objects_listed,
+                    report.orphans_adopted,
+                    report.orphans_deleted,
+                    if report.is_consistent() {
+                        "consistent"
+                    } else {
+                        "INCONSISTENT"
+                    }
+                ));
+            }
+            if !report.is_consistent() {
+                bail!("fsck found inconsistencies");
+            }
+            Ok(())
+        }
         Command::Gc {
             app,
             space,

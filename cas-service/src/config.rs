@@ -46,6 +46,12 @@ pub struct Config {
     pub gc_interval_ms: u64,
     /// Nodes examined per background pass and Space.
     pub gc_batch: u32,
+    /// A row marked for collection longer ago than this is finished by any pass (its marker
+    /// crashed or lost its store).
+    pub gc_stale_mark_ms: u64,
+    /// Objects without a row younger than this are in their grace period (uploads being
+    /// published); `fsck --repair-orphans` leaves them alone.
+    pub orphan_grace_ms: u64,
     /// Requests per second per client address (`0` = off).
     pub rate_limit_per_ip: u64,
     /// Requests per second per App, after authentication (`0` = off).
@@ -95,6 +101,8 @@ impl Default for Config {
             node_max_refs: 256,
             gc_interval_ms: 60_000,
             gc_batch: 1000,
+            gc_stale_mark_ms: 60_000,
+            orphan_grace_ms: 24 * 3600 * 1000,
             rate_limit_per_ip: 20_000,
             rate_limit_per_app: 50_000,
             json_body_limit: 1 << 20,
@@ -209,6 +217,8 @@ impl Config {
         parse_env("NODE_MAX_REFS", &mut self.node_max_refs)?;
         parse_env("GC_INTERVAL_MS", &mut self.gc_interval_ms)?;
         parse_env("GC_BATCH", &mut self.gc_batch)?;
+        parse_env("GC_STALE_MARK_MS", &mut self.gc_stale_mark_ms)?;
+        parse_env("ORPHAN_GRACE_MS", &mut self.orphan_grace_ms)?;
         parse_env("RATE_LIMIT_PER_IP", &mut self.rate_limit_per_ip)?;
         parse_env("RATE_LIMIT_PER_APP", &mut self.rate_limit_per_app)?;
         parse_env("JSON_BODY_LIMIT", &mut self.json_body_limit)?;

@@ -18,8 +18,6 @@ use crate::error::{ApiError, ApiResult};
 use crate::meta::{Marked, TargetKind};
 use crate::{Service, failpoint, now_ms};
 
-/// A row marked longer ago than this is taken over by any pass (its marker crashed).
-const STALE_MARK_MS: i64 = 60_000;
 /// Object deletions in flight at once.
 const DELETE_CONCURRENCY: usize = 16;
 
@@ -37,8 +35,11 @@ impl Service {
 
         let now = now_ms();
         let mut p = self.meta.gate(app, space).await?;
-        let (examined, marked) = p.mark_for_collection(now, now - STALE_MARK_MS, max).await?;
+        let (examined, marked) = p
+            .mark_for_collection(now, now - self.config.gc_stale_mark_ms as i64, max)
+            .await?;
         p.commit().await?;
+        tracing::debug!(app = %app, space = %space, examined, marked = marked.len(), "gc marked");
         if marked.is_empty() {
             return Ok(GcResponse {
                 examined,

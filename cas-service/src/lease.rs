@@ -96,9 +96,11 @@ impl Service {
             return Ok(self.signer.target(app, space, g));
         }
         let ttl = (g.url_expires_at - now_ms()).max(1) as u64;
+        let declared = (g.reserved_bytes < self.config.node_max_bytes as i64)
+            .then_some(g.reserved_bytes as u64);
         let presigned = self
             .blobs
-            .presign_put_once(&upload_key(app, space, &g.gen_id), ttl)
+            .presign_put_once(&upload_key(app, space, &g.gen_id), ttl, declared)
             .await
             .map_err(|e| ApiError::storage_unavailable("presigning an upload", e))?
             .ok_or_else(|| ApiError::internal("presigning an upload", "store cannot presign"))?;
@@ -121,6 +123,15 @@ impl Service {
         upload_bytes: Option<u64>,
     ) -> ApiResult<LeaseResponse> {
         let duration = self.config.clamp_lease(duration_ms) as i64;
+        if let Some(n) = upload_bytes
+            && n > self.config.node_max_bytes
+        {
+            return Err(ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "NODE_TOO_LARGE",
+                format!("a node may be at most {} bytes", self.config.node_max_bytes),
+            ));
+        }
         let now = now_ms();
         // A ready node whose lease already covers the request needs no write and no gate: GC
         // cannot take a node whose lease has not expired.

@@ -22,6 +22,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 mod failpoint;
+pub mod fsck;
 pub mod gc;
 mod lease;
 pub mod meta;

@@ -228,6 +228,78 @@ impl TestEnv {
         self.create_app_with(app, "EdDSA")
     }
 
+    /// Runs `unicas-server fsck --app APP --json ARGS`; returns whether it found the store
+    /// consistent, and the report.
+    pub fn fsck(&self, app: &str, args: &[&str]) -> anyhow::Result<(bool, serde_json::Value)> {
+        let out = self
+            .server_command()
+            .args(["fsck", "--app", app, "--json"])
+            .args(args)
+            .output()?;
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "fsck printed no report: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        Ok((out.status.success(), report))
+    }
+
+    /// Fails unless fsck finds the App's store consistent.
+    pub fn assert_consistent(&self, app: &str) -> anyhow::Result<serde_json::Value> {
+        let (ok, report) = self.fsck(app, &[])?;
+        if !ok {
+            bail!("fsck found inconsistencies: {report:#}");
+        }
+        Ok(report)
+    }
+
+    /// The metadata store of this environment, opened in-process for invariant checks.
+    pub async fn meta(&self) -> anyhow::Result<cas_service::meta::MetaStore> {
+        let mut config = cas_service::config::Config {
+            data_dir: PathBuf::from(&self.vars["UNICAS_DATA_DIR"]),
+            database_max_connections: 2,
+            ..Default::default()
+        };
+        config.database_url = self.vars.get("UNICAS_DATABASE_URL").cloned();
+        cas_service::meta::MetaStore::connect(&config).await
+    }
+
+    /// The invariants that must hold after any interleaving, checked on the database: counts
+    /// never negative, every `childRefCount` equal to the edges pointing at the node, no
+    /// dangling edge, balances equal to the events and to the nodes' counts, usage rows equal
+    /// to a recount.
+    pub async fn check_invariants(
+        &self,
+        meta: &cas_service::meta::MetaStore,
+        app: &AppId,
+    ) -> anyhow::Result<()> {
+        let mismatches = meta.child_count_mismatches(app, None).await?;
+        if !mismatches.is_empty() {
+            bail!("childRefCount differs from edges: {mismatches:?}");
+        }
+        let dangling = meta.dangling_edges(app, None).await?;
+        if !dangling.is_empty() {
+            bail!("dangling edges: {dangling:?}");
+        }
+        let events = meta.event_sums(app).await?;
+        let balances = meta.current_balances(app).await?;
+        let nodes = meta.node_root_counts(app).await?;
+        if events != balances || balances != nodes {
+            bail!(
+                "root refs disagree: events {events:?}, projection {balances:?}, nodes {nodes:?}"
+            );
+        }
+        for space in meta.spaces(app).await? {
+            let row = meta.usage_row(app, &space).await?;
+            let recount = meta.recount_usage(app, &space).await?;
+            if row != recount {
+                bail!("usage of {space}: row {row:?}, recount {recount:?}");
+            }
+        }
+        Ok(())
+    }
+
     /// Starts a server on a free port.
     pub fn start(&self) -> anyhow::Result<Server> {
         Server::start(self, &[])
@@ -435,6 +507,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- server log ({}) ---\n{}", self.url, self.log());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

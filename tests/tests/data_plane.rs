@@ -328,24 +328,40 @@ async fn upload_rejections(b: Backend) -> anyhow::Result<()> {
         .await
         .unwrap_err();
     assert_eq!(api_code(&e), "TOO_MANY_REFS");
-    // An upload target refuses bodies above the node limit outright.
+    // A body above the node limit: the service's own targets refuse it outright; a presigned
+    // object-store target (S3, no declared size) stores it and the next lease refuses it
+    // without reading it.
     let LeaseResponse::AwaitingUpload { upload, .. } =
         client.lease_node(&sp, &big_hash, LEASE, None).await?
     else {
         panic!()
     };
     let put = put_raw(&upload, big_bytes.to_vec()).await;
-    assert_eq!(put.status(), 413);
+    if b.blobs == Blobs::S3 {
+        assert_eq!(put.status(), 200);
+        let r = client.lease_node(&sp, &big_hash, LEASE, None).await?;
+        let LeaseResponse::AwaitingReplacementUpload { rejection, .. } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(rejection.code, "NODE_TOO_LARGE");
+    } else {
+        assert_eq!(put.status(), 413);
+    }
+    // A declared size above the limit is refused at the lease.
+    let e = client
+        .lease_node(&sp, &big_hash, LEASE, Some(5000))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.status(), api_code(&e).as_str()),
+        (Some(413), "NODE_TOO_LARGE")
+    );
     let usage = client.usage(&sp).await?;
     assert_eq!(usage.node_count, 1);
     Ok(())
 }
 
 async fn upload_urls_are_write_once_and_signed(b: Backend) -> anyhow::Result<()> {
-    if b.blobs == Blobs::S3 {
-        // With S3, large uploads go to S3 presigned URLs; the service's own URLs are used for
-        // uploads declared small. Exercise those.
-    }
     let mut env = TestEnv::new(b).await?;
     env.set("UNICAS_UPLOAD_URL_TTL_MS", 1500);
     let app = env.create_app("hub")?;

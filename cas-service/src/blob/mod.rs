@@ -149,15 +149,20 @@ impl BlobStore {
         matches!(self, BlobStore::S3(_))
     }
 
-    /// A presigned write-once PUT of `key`, valid for `expires_in_ms`.
+    /// A presigned write-once PUT of `key`, valid for `expires_in_ms`; with `length`, the
+    /// signature also binds the body's length.
     pub async fn presign_put_once(
         &self,
         key: &str,
         expires_in_ms: u64,
+        length: Option<u64>,
     ) -> Result<Option<Presigned>, BlobError> {
         match self {
             BlobStore::Fs(_) => Ok(None),
-            BlobStore::S3(s3) => s3.presign_put_once(key, expires_in_ms).await.map(Some),
+            BlobStore::S3(s3) => s3
+                .presign_put_once(key, expires_in_ms, length)
+                .await
+                .map(Some),
         }
     }
 

@@ -94,6 +94,7 @@ impl S3Store {
         &self,
         key: &str,
         expires_in_ms: u64,
+        length: Option<u64>,
     ) -> Result<Presigned, BlobError> {
         let config =
             PresigningConfig::expires_in(Duration::from_millis(expires_in_ms)).map_err(|e| {
@@ -110,6 +111,7 @@ impl S3Store {
             .key(self.key(key))
             .if_none_match("*")
             .content_type(NODE_MEDIA_TYPE)
+            .set_content_length(length.map(|n| n as i64))
             .presigned(config)
             .await
             .map_err(|e| s3_err("presign", key, e))?;

@@ -30,12 +30,14 @@ use tokio::sync::OwnedMutexGuard;
 use crate::config::Config;
 
 mod apps;
+mod check;
 mod gc;
 mod nodes;
 mod root_refs;
 mod usage;
 
 pub use apps::{AppRecord, KeyRecord};
+pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Marked, RetiringGeneration};
 pub use nodes::{
     Evidence, FinalizeOutcome, GenState, Generation, NodeRow, TargetKind, lease_window,

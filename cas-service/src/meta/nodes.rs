@@ -30,10 +30,10 @@ impl NodeRow {
     }
 }
 
-const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
+pub(crate) const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
      lease_started_at, lease_expires_at, child_ref_count, root_ref_count, collecting_since";
 
-fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
+pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
     Ok(NodeRow {
         hash: hash_col(row, "hash")?,
         size: row.try_get("size")?,

@@ -1,0 +1,441 @@
+//! `fsck`: checks that the metadata and the objects agree, and reports every disagreement with
+//! its evidence. It never changes a count to make it match. With `repair_orphans` it adopts an
+//! object without a row when an upload's validation evidence proves it (publishing the row the
+//! crashed upload would have), and deletes other orphans once their grace period is over.
+//!
+//! Checks:
+//! 1. every node row has its object, and (with `verify_content`) the object's content hashes to
+//!    the node;
+//! 2. every `childRefCount` equals the edges pointing at the node, every `ref_count` its own
+//!    edges, and no edge dangles;
+//! 3. root-ref balances equal the sum of events, and equal the nodes' root ref counts;
+//! 4. every usage row equals a recount;
+//! 5. objects without a row (node objects and upload temporaries) are reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_compression::tokio::bufread::ZstdDecoder;
+use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, BufReader};
+
+use crate::blob::{node_key, node_prefix, parse_node_key, upload_key};
+use crate::meta::{Evidence, FinalizeOutcome, GenState};
+use crate::{Service, now_ms};
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct FsckOptions {
+    pub app: AppId,
+    pub space: Option<SpaceId>,
+    pub repair_orphans: bool,
+    /// Read every object and check its hash (slow on large stores).
+    pub verify_content: bool,
+}
+
+/// One finding. `inconsistent` ones make fsck fail.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub inconsistent: bool,
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// The outcome of a check.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsckReport {
+    pub nodes_checked: u64,
+    pub objects_listed: u64,
+    pub findings: Vec<Finding>,
+    pub orphans_adopted: u64,
+    pub orphans_deleted: u64,
+}
+
+impl FsckReport {
+    pub fn is_consistent(&self) -> bool {
+        !self.findings.iter().any(|f| f.inconsistent)
+    }
+
+    fn bad(&mut self, kind: &'static str, detail: String) {
+        self.findings.push(Finding {
+            inconsistent: true,
+            kind,
+            detail,
+        });
+    }
+
+    fn note(&mut self, kind: &'static str, detail: String) {
+        self.findings.push(Finding {
+            inconsistent: false,
+            kind,
+            detail,
+        });
+    }
+}
+
+impl Service {
+    /// Runs the checks; store errors abort with an error rather than a report.
+    pub async fn fsck(&self, opts: &FsckOptions) -> anyhow::Result<FsckReport> {
+        let mut report = FsckReport::default();
+        let app = &opts.app;
+        let space = opts.space.as_ref();
+        let rows = self.check_nodes(opts, &mut report).await?;
+        for m in self.meta.child_count_mismatches(app, space).await? {
+            report.bad(
+                "child-ref-count",
+                format!(
+                    "{}/{}: childRefCount {} but {} edges point at it",
+                    m.space, m.hash, m.recorded, m.counted
+                ),
+            );
+        }
+        for m in self.meta.ref_count_mismatches(app, space).await? {
+            report.bad(
+                "ref-count",
+                format!(
+                    "{}/{}: ref_count {} but {} edges",
+                    m.space, m.hash, m.recorded, m.counted
+                ),
+            );
+        }
+        for e in self.meta.dangling_edges(app, space).await? {
+            report.bad(
+                "dangling-edge",
+                format!(
+                    "{}: edge {} -> {} has no {} row",
+                    e.space, e.parent, e.child, e.missing
+                ),
+            );
+        }
+        self.check_balances(opts, &mut report).await?;
+        let spaces = match space {
+            Some(s) => vec![s.clone()],
+            None => self.meta.spaces(app).await?,
+        };
+        for s in &spaces {
+            let row = self.meta.usage_row(app, s).await?;
+            let recount = self.meta.recount_usage(app, s).await?;
+            if row != recount {
+                report.bad(
+                    "usage",
+                    format!("{s}: usage row {row:?} but a recount gives {recount:?}"),
+                );
+            }
+        }
+        self.check_orphans(opts, &rows, &mut report).await?;
+        Ok(report)
+    }
+
+    /// Check 1; returns every row's (space, hash) → object generation.
+    async fn check_nodes(
+        &self,
+        opts: &FsckOptions,
+        report: &mut FsckReport,
+    ) -> anyhow::Result<BTreeMap<(SpaceId, Hash), String>> {
+        let mut rows = BTreeMap::new();
+        let mut after: Option<(SpaceId, Hash)> = None;
+        loop {
+            let page = self
+                .meta
+                .nodes_page(
+                    &opts.app,
+                    opts.space.as_ref(),
+                    after.as_ref().map(|(s, h)| (s, h)),
+                    500,
+                )
+                .await?;
+            let Some((last_space, last)) = page.last() else {
+                break;
+            };
+            after = Some((last_space.clone(), last.hash));
+            for (space, row) in page {
+                report.nodes_checked += 1;
+                if row.child_ref_count < 0 || row.root_ref_count < 0 {
+                    report.bad(
+                        "negative-count",
+                        format!("{space}/{}: negative count", row.hash),
+                    );
+                }
+                rows.insert((space.clone(), row.hash), row.object_gen.clone());
+                let key = node_key(&opts.app, &space, &row.hash, &row.object_gen);
+                let found = self.blobs.get(&key, None).await?;
+                let Some((reader, stored)) = found else {
+                    if row.is_ready() {
+                        report.bad(
+                            "missing-object",
+                            format!("{space}/{}: ready row without its object {key}", row.hash),
+                        );
+                    }
+                    continue;
+                };
+                if !row.is_ready() {
+                    continue;
+                }
+                if stored as i64 != row.stored_bytes {
+                    report.bad(
+                        "stored-size",
+                        format!(
+                            "{space}/{}: object holds {stored} bytes, the row says {}",
+                            row.hash, row.stored_bytes
+                        ),
+                    );
+                }
+                if opts.verify_content {
+                    let refs = self.meta.node_refs(&opts.app, &space, &row.hash).await?;
+                    let ct = ContentType::new(row.content_type.clone())?;
+                    let mut hasher = NodeDescriptor::new(ct, refs, row.size as u64).hasher()?;
+                    let mut content: crate::blob::ObjectReader = if row.encoding == "zstd" {
+                        Box::pin(ZstdDecoder::new(BufReader::new(reader)))
+                    } else {
+                        reader
+                    };
+                    let mut buf = vec![0u8; 256 << 10];
+                    loop {
+                        let n = content.read(&mut buf).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        hasher.update(&buf[..n]);
+                    }
+                    match hasher.finish() {
+                        Ok(h) if h == row.hash => {}
+                        Ok(h) => report.bad(
+                            "object-hash",
+                            format!("{space}/{}: the object hashes to {h}", row.hash),
+                        ),
+                        Err(e) => report.bad("object-hash", format!("{space}/{}: {e}", row.hash)),
+                    }
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Check 3.
+    async fn check_balances(
+        &self,
+        opts: &FsckOptions,
+        report: &mut FsckReport,
+    ) -> anyhow::Result<()> {
+        let in_scope = |space: &str| opts.space.as_ref().is_none_or(|s| s.as_str() == space);
+        let events = self.meta.event_sums(&opts.app).await?;
+        let balances = self.meta.current_balances(&opts.app).await?;
+        let nodes = self.meta.node_root_counts(&opts.app).await?;
+        let keys: BTreeSet<&(String, Hash)> = events
+            .keys()
+            .chain(balances.keys())
+            .chain(nodes.keys())
+            .collect();
+        for key in keys {
+            if !in_scope(&key.0) {
+                continue;
+            }
+            let e = events.get(key).copied().unwrap_or(0);
+            let b = balances.get(key).copied().unwrap_or(0);
+            let n = nodes.get(key).copied().unwrap_or(0);
+            if e != b || b != n {
+                report.bad(
+                    "root-ref-balance",
+                    format!(
+                        "{}/{}: events sum to {e}, the projection holds {b}, the node counts {n}",
+                        key.0, key.1
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Check 5, and the repairs.
+    async fn check_orphans(
+        &self,
+        opts: &FsckOptions,
+        rows: &BTreeMap<(SpaceId, Hash), String>,
+        report: &mut FsckReport,
+    ) -> anyhow::Result<()> {
+        let app = &opts.app;
+        let now = now_ms();
+        let grace = self.config.orphan_grace_ms as i64;
+        let generations = self.meta.generations(app, opts.space.as_ref()).await?;
+        let queued: BTreeSet<(SpaceId, Hash, String)> = self
+            .meta
+            .queued_object_deletions(app)
+            .await?
+            .into_iter()
+            .collect();
+        let objects = self
+            .blobs
+            .list(&node_prefix(app, opts.space.as_ref()))
+            .await?;
+        report.objects_listed += objects.len() as u64;
+        for o in objects {
+            let Some((_, space, hash, object_gen)) = parse_node_key(&o.key) else {
+                report.bad(
+                    "unknown-object",
+                    format!("{}: not a node object key", o.key),
+                );
+                continue;
+            };
+            if rows.get(&(space.clone(), hash)) == Some(&object_gen) {
+                continue;
+            }
+            if queued.contains(&(space.clone(), hash, object_gen.clone())) {
+                report.note(
+                    "queued-deletion",
+                    format!("{}: superseded, GC deletes it", o.key),
+                );
+                continue;
+            }
+            let in_grace = now - o.modified_ms < grace;
+            // Evidence: a generation of this node whose bytes were validated.
+            let evidence = generations
+                .get(&object_gen)
+                .filter(|(s, g)| *s == space && g.hash == hash && g.state == GenState::Validated)
+                .map(|(_, g)| g.clone());
+            if opts.repair_orphans
+                && !rows.contains_key(&(space.clone(), hash))
+                && let Some(g) = evidence
+                && self.adopt(app, &space, &g, o.size).await?
+            {
+                report.orphans_adopted += 1;
+                report.note(
+                    "orphan-adopted",
+                    format!("{}: published from upload {}", o.key, g.gen_id),
+                );
+                continue;
+            }
+            if in_grace {
+                report.note(
+                    "orphan-in-grace",
+                    format!("{}: no row yet; inside its grace period", o.key),
+                );
+            } else if opts.repair_orphans {
+                self.blobs.delete(&o.key).await?;
+                report.orphans_deleted += 1;
+                report.note(
+                    "orphan-deleted",
+                    format!("{}: no row and no evidence; deleted", o.key),
+                );
+            } else {
+                report.bad(
+                    "orphan",
+                    format!("{}: object without a row, past its grace period", o.key),
+                );
+            }
+        }
+        let uploads = self.blobs.list(&format!("uploads/app.{app}/")).await?;
+        report.objects_listed += uploads.len() as u64;
+        for o in uploads {
+            let generation = o.key.rsplit('/').next().unwrap_or("");
+            let known = generations
+                .get(generation)
+                .is_some_and(|(space, g)| upload_key(app, space, &g.gen_id) == o.key);
+            if known
+                || opts
+                    .space
+                    .as_ref()
+                    .is_some_and(|s| !o.key.contains(&format!("/space.{s}/")))
+            {
+                continue;
+            }
+            if now - o.modified_ms < grace {
+                report.note(
+                    "orphan-upload-in-grace",
+                    format!(
+                        "{}: upload without a generation, inside its grace period",
+                        o.key
+                    ),
+                );
+            } else if opts.repair_orphans {
+                self.blobs.delete(&o.key).await?;
+                report.orphans_deleted += 1;
+                report.note(
+                    "orphan-deleted",
+                    format!("{}: upload without a generation; deleted", o.key),
+                );
+            } else {
+                report.bad(
+                    "orphan-upload",
+                    format!(
+                        "{}: upload without a generation, past its grace period",
+                        o.key
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the row of an orphan object whose upload was validated. Returns whether it did.
+    async fn adopt(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &crate::meta::Generation,
+        stored: u64,
+    ) -> anyhow::Result<bool> {
+        let Some(evidence) = g.evidence.clone() else {
+            return Ok(false);
+        };
+        let Some(encoding) = self.object_encoding(app, space, g, &evidence).await? else {
+            return Ok(false);
+        };
+        let mut p = self.meta.gate(app, space).await?;
+        let outcome = p
+            .finalize(
+                g,
+                &evidence,
+                encoding,
+                stored as i64,
+                now_ms(),
+                self.config.lease_min_ms as i64,
+            )
+            .await?;
+        p.commit().await?;
+        Ok(matches!(outcome, FinalizeOutcome::Published { .. }))
+    }
+
+    /// Whether an orphan object holds the node's content, raw or compressed.
+    async fn object_encoding(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &crate::meta::Generation,
+        evidence: &Evidence,
+    ) -> anyhow::Result<Option<&'static str>> {
+        let key = node_key(app, space, &g.hash, &g.gen_id);
+        for encoding in ["identity", "zstd"] {
+            let Some((reader, _)) = self.blobs.get(&key, None).await? else {
+                return Ok(None);
+            };
+            let mut content: crate::blob::ObjectReader = if encoding == "zstd" {
+                Box::pin(ZstdDecoder::new(BufReader::new(reader)))
+            } else {
+                reader
+            };
+            let d = NodeDescriptor::new(
+                ContentType::new(evidence.content_type.clone())?,
+                evidence.refs.clone(),
+                evidence.content_size as u64,
+            );
+            let mut hasher = d.hasher()?;
+            let mut buf = vec![0u8; 256 << 10];
+            let mut ok = true;
+            loop {
+                match content.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => hasher.update(&buf[..n]),
+                    Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok && hasher.finish().ok() == Some(g.hash) {
+                return Ok(Some(encoding));
+            }
+        }
+        Ok(None)
+    }
+}
