@@ -9,10 +9,12 @@
 pub mod capability;
 pub mod cli;
 mod client;
+pub mod dag;
 mod error;
 mod store;
 
 pub use capability::{CapabilityProvider, FixedToken, SigningKey};
 pub use client::{AppCasClient, MAX_NODE_BYTES, RetryPolicy};
+pub use dag::DagReport;
 pub use error::ClientError;
 pub use store::{EnsureReport, Ensured};
