@@ -97,6 +97,51 @@ impl std::fmt::Debug for AppCasClient {
     }
 }
 
+/// One request of the data plane.
+struct Call<'a> {
+    method: Method,
+    path: &'a str,
+    space: &'a SpaceId,
+    permissions: &'static [&'static str],
+    query: &'a [(&'static str, String)],
+    body: Option<Vec<u8>>,
+    headers: &'a [(reqwest::header::HeaderName, String)],
+}
+
+impl<'a> Call<'a> {
+    fn new(
+        method: Method,
+        path: &'a str,
+        space: &'a SpaceId,
+        permissions: &'static [&'static str],
+    ) -> Self {
+        Call {
+            method,
+            path,
+            space,
+            permissions,
+            query: &[],
+            body: None,
+            headers: &[],
+        }
+    }
+
+    fn query(mut self, query: &'a [(&'static str, String)]) -> Self {
+        self.query = query;
+        self
+    }
+
+    fn body(mut self, body: Vec<u8>) -> Self {
+        self.body = Some(body);
+        self
+    }
+
+    fn headers(mut self, headers: &'a [(reqwest::header::HeaderName, String)]) -> Self {
+        self.headers = headers;
+        self
+    }
+}
+
 /// Permissions of each call.
 mod perm {
     pub const READ: &[&str] = &["cas:nodes:read"];
@@ -260,31 +305,25 @@ impl AppCasClient {
         }
     }
 
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        space: &SpaceId,
-        permissions: &'static [&'static str],
-        query: &[(&'static str, String)],
-        body: Option<Vec<u8>>,
-        extra: &[(reqwest::header::HeaderName, String)],
-    ) -> Result<reqwest::Response, ClientError> {
-        let token = self.capabilities.capability(space, permissions).await?;
-        let mut q = self.partition(space);
-        q.extend(query.iter().cloned());
+    async fn send(&self, call: &Call<'_>) -> Result<reqwest::Response, ClientError> {
+        let token = self
+            .capabilities
+            .capability(call.space, call.permissions)
+            .await?;
+        let mut q = self.partition(call.space);
+        q.extend(call.query.iter().cloned());
         let mut req = self
             .http
-            .request(method, self.url(path))
+            .request(call.method.clone(), self.url(call.path))
             .query(&q)
             .bearer_auth(token);
-        for (k, v) in extra {
+        for (k, v) in call.headers {
             req = req.header(k, v);
         }
-        if let Some(body) = body {
+        if let Some(body) = &call.body {
             req = req
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body);
+                .body(body.clone());
         }
         let resp = req.send().await?;
         if resp.status().is_success() {
@@ -294,30 +333,13 @@ impl AppCasClient {
         }
     }
 
-    async fn json<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        space: &SpaceId,
-        permissions: &'static [&'static str],
-        query: &[(&'static str, String)],
-        body: Option<Vec<u8>>,
-    ) -> Result<T, ClientError> {
+    async fn json<T: DeserializeOwned>(&self, call: Call<'_>) -> Result<T, ClientError> {
         self.retrying(|| async {
-            let resp = self
-                .send(
-                    method.clone(),
-                    path,
-                    space,
-                    permissions,
-                    query,
-                    body.clone(),
-                    &[],
-                )
-                .await?;
+            let resp = self.send(&call).await?;
             let bytes = read_limited(resp, MAX_JSON_ANSWER).await?;
-            serde_json::from_slice(&bytes)
-                .map_err(|e| ClientError::Protocol(format!("invalid JSON answer to {path}: {e}")))
+            serde_json::from_slice(&bytes).map_err(|e| {
+                ClientError::Protocol(format!("invalid JSON answer to {}: {e}", call.path))
+            })
         })
         .await
     }
@@ -361,7 +383,7 @@ impl AppCasClient {
         };
         self.retrying(|| async {
             let resp = self
-                .send(Method::GET, &path, space, perm::READ, &[], None, &extra)
+                .send(&Call::new(Method::GET, &path, space, perm::READ).headers(&extra))
                 .await?;
             Ok(Bytes::from(read_limited(resp, MAX_NODE_BYTES).await?))
         })
@@ -376,7 +398,10 @@ impl AppCasClient {
     ) -> Result<impl Stream<Item = Result<Bytes, ClientError>> + use<>, ClientError> {
         let path = format!("/v1/cas/nodes/{hash}");
         let resp = self
-            .retrying(|| self.send(Method::GET, &path, space, perm::READ, &[], None, &[]))
+            .retrying(|| async {
+                self.send(&Call::new(Method::GET, &path, space, perm::READ))
+                    .await
+            })
             .await?;
         Ok(resp.bytes_stream().map(|r| r.map_err(ClientError::from)))
     }
@@ -386,15 +411,9 @@ impl AppCasClient {
         space: &SpaceId,
         hash: &Hash,
     ) -> Result<NodeMetadataResponse, ClientError> {
-        self.json(
-            Method::GET,
-            &format!("/v1/cas/nodes/{hash}/metadata"),
-            space,
-            perm::READ,
-            &[],
-            None,
-        )
-        .await
+        let path = format!("/v1/cas/nodes/{hash}/metadata");
+        self.json(Call::new(Method::GET, &path, space, perm::READ))
+            .await
     }
 
     /// One lease call. `upload_bytes` (the portable node's size, if known) lets the service
@@ -413,13 +432,11 @@ impl AppCasClient {
         let query: Vec<(&'static str, String)> = upload_bytes
             .map(|n| vec![("uploadBytes", n.to_string())])
             .unwrap_or_default();
+        let path = format!("/v1/cas/nodes/{hash}/lease");
         self.json(
-            Method::POST,
-            &format!("/v1/cas/nodes/{hash}/lease"),
-            space,
-            perm::LEASE,
-            &query,
-            Some(body),
+            Call::new(Method::POST, &path, space, perm::LEASE)
+                .query(&query)
+                .body(body),
         )
         .await
     }
@@ -460,15 +477,8 @@ impl AppCasClient {
             changes: RefChanges(changes),
         })
         .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.json(
-            Method::POST,
-            "/v1/cas/root-refs",
-            space,
-            perm::REFS_UPDATE,
-            &[],
-            Some(body),
-        )
-        .await
+        self.json(Call::new(Method::POST, "/v1/cas/root-refs", space, perm::REFS_UPDATE).body(body))
+            .await
     }
 
     /// One page of root-ref balances.
@@ -482,19 +492,12 @@ impl AppCasClient {
         if let Some(c) = cursor {
             q.push(("cursor", c.to_string()));
         }
-        self.json(
-            Method::GET,
-            "/v1/cas/root-refs",
-            space,
-            perm::REFS_READ,
-            &q,
-            None,
-        )
-        .await
+        self.json(Call::new(Method::GET, "/v1/cas/root-refs", space, perm::REFS_READ).query(&q))
+            .await
     }
 
     pub async fn usage(&self, space: &SpaceId) -> Result<Usage, ClientError> {
-        self.json(Method::GET, "/v1/cas/usage", space, perm::USAGE, &[], None)
+        self.json(Call::new(Method::GET, "/v1/cas/usage", space, perm::USAGE))
             .await
     }
 
@@ -506,7 +509,7 @@ impl AppCasClient {
     ) -> Result<GcResponse, ClientError> {
         let body = serde_json::to_vec(&GcRequest { max_nodes })
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.json(Method::POST, "/v1/cas/gc", space, perm::GC, &[], Some(body))
+        self.json(Call::new(Method::POST, "/v1/cas/gc", space, perm::GC).body(body))
             .await
     }
 }

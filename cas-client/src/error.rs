@@ -1,7 +1,5 @@
 //! `ClientError`: what a call can fail with. Service answers keep their stable code.
 
-use std::fmt;
-
 /// A failed client call.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -59,13 +57,6 @@ impl ClientError {
             ClientError::Transport(_) => true,
             ClientError::Api { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
             _ => false,
-        }
-    }
-
-    pub(crate) fn io(context: impl fmt::Display, source: std::io::Error) -> Self {
-        ClientError::Io {
-            context: context.to_string(),
-            source,
         }
     }
 }

@@ -133,11 +133,12 @@ impl Service {
             ));
         }
         let now = now_ms();
-        // A ready node whose lease already covers the request needs no write and no gate: GC
-        // cannot take a node whose lease has not expired.
+        // A ready node whose lease already covers the claim (see `lease_window`) needs no write
+        // and no gate: GC cannot take a node whose lease has not expired.
         if let Some(row) = self.meta.node(app, space, hash).await?
             && row.is_ready()
-            && row.lease_expires_at >= now + duration
+            && lease_window(row.lease_started_at, row.lease_expires_at, now, duration)
+                == (row.lease_started_at, row.lease_expires_at)
         {
             return Ok(self.outcome(LeaseResponse::Ready {
                 hash: *hash,

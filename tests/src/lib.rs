@@ -87,16 +87,15 @@ macro_rules! e2e {
     )*};
 }
 
-/// Path of a binary built beside the test executables.
+/// Path of a binary built beside this executable (a test in `deps/`, or a binary).
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target directory");
-    let path = dir.join(name);
-    assert!(path.exists(), "{} is not built", path.display());
-    path
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("target directory");
+    [Some(dir.join(name)), dir.parent().map(|d| d.join(name))]
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not built next to {}", exe.display()))
 }
 
 fn random_id(prefix: &str) -> String {
@@ -464,6 +463,11 @@ impl Server {
                 bail!("unicas-server did not start:\n{log}")
             }
         }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// What the server wrote on stderr so far.

@@ -3,9 +3,14 @@
 //! (1 for bad input or a failed check, 2 for a usage error).
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context;
+use cas_format::{AppId, SpaceId};
+use clap::{Args, Parser, Subcommand};
+
+use crate::capability::SigningKey;
 
 mod offline;
 
@@ -17,8 +22,96 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    #[command(flatten)]
+    pub connection: Connection,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Where the service is and who speaks to it. Each option also comes from its `UNICAS_*`
+/// variable.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// Base URL of the service.
+    #[arg(
+        long,
+        global = true,
+        env = "UNICAS_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub server: String,
+    /// The App.
+    #[arg(long, global = true, env = "UNICAS_APP")]
+    pub app: Option<AppId>,
+    /// The Space.
+    #[arg(long, global = true, env = "UNICAS_SPACE")]
+    pub space: Option<SpaceId>,
+    /// A capability to send as is (instead of a signing key).
+    #[arg(
+        long,
+        global = true,
+        env = "UNICAS_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "signing_key"
+    )]
+    pub token: Option<String>,
+    /// The App issuer's PKCS#8 PEM private key (Ed25519, P-256 or RSA); capabilities are minted
+    /// with it, the algorithm following from the key.
+    #[arg(
+        long,
+        global = true,
+        env = "UNICAS_SIGNING_KEY",
+        value_name = "PEM_FILE"
+    )]
+    pub signing_key: Option<PathBuf>,
+    /// The `kid` of the signing key.
+    #[arg(long, global = true, env = "UNICAS_KID")]
+    pub kid: Option<String>,
+    /// The issuer (`iss`) of minted capabilities.
+    #[arg(long, global = true, env = "UNICAS_ISSUER")]
+    pub issuer: Option<String>,
+    /// The audience (`aud`) of minted capabilities.
+    #[arg(long, global = true, env = "UNICAS_AUDIENCE", default_value = "unicas")]
+    pub audience: String,
+}
+
+impl Connection {
+    pub fn app(&self) -> anyhow::Result<AppId> {
+        self.app
+            .clone()
+            .context("--app (or UNICAS_APP) is required")
+    }
+
+    pub fn space(&self) -> anyhow::Result<SpaceId> {
+        self.space
+            .clone()
+            .context("--space (or UNICAS_SPACE) is required")
+    }
+
+    /// The signing key named by `--signing-key`, `--kid` and `--issuer`.
+    pub fn signing_key(&self) -> anyhow::Result<SigningKey> {
+        let path = self
+            .signing_key
+            .as_ref()
+            .context("--signing-key (or UNICAS_SIGNING_KEY) is required")?;
+        let pem = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let kid = self
+            .kid
+            .clone()
+            .context("--kid (or UNICAS_KID) is required with --signing-key")?;
+        let issuer = self
+            .issuer
+            .clone()
+            .context("--issuer (or UNICAS_ISSUER) is required with --signing-key")?;
+        Ok(SigningKey::from_pem(
+            &pem,
+            kid,
+            issuer,
+            self.audience.clone(),
+        )?)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -31,6 +124,11 @@ pub enum Command {
     /// Inspect archives offline.
     #[command(subcommand)]
     Archive(offline::ArchiveCommand),
+    /// Build portable nodes offline.
+    #[command(subcommand)]
+    Node(offline::NodeCommand),
+    /// Print a capability for --space minted with --signing-key (for curl and scripts).
+    Token(offline::TokenArgs),
 }
 
 /// Runs the command line and maps the outcome to an exit status.
@@ -55,6 +153,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Hash(args) => offline::hash(args, cli.json)?,
         Command::Svalue(cmd) => offline::svalue(cmd, cli.json)?,
         Command::Archive(cmd) => offline::archive(cmd, cli.json)?,
+        Command::Node(cmd) => offline::node(cmd)?,
+        Command::Token(args) => offline::token(args, &cli.connection)?,
     };
     out.write_all(&output)?;
     out.flush()?;

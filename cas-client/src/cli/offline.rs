@@ -52,6 +52,32 @@ pub enum ArchiveCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Write the portable full node of FILE (or stdin) as own content with the given ordered
+    /// refs: the bytes an upload target takes.
+    Encode {
+        #[arg(long)]
+        content_type: String,
+        #[arg(long = "ref", value_name = "HASH")]
+        refs: Vec<Hash>,
+        /// Where to write it; stdout when absent.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        file: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// A permission to grant; repeat for several. Default: every data-plane permission.
+    #[arg(long = "permission", value_name = "PERMISSION")]
+    permissions: Vec<String>,
+    /// Lifetime in seconds.
+    #[arg(long, default_value_t = 900)]
+    ttl: u64,
+}
+
 fn open_input(file: &Option<PathBuf>) -> anyhow::Result<Box<dyn Read>> {
     match file {
         Some(p) if p.as_os_str() != "-" => {
@@ -188,6 +214,72 @@ pub fn svalue(cmd: SvalueCommand, json: bool) -> anyhow::Result<Vec<u8>> {
             Ok(line(json, &d.hash_of(&enc.bytes)?))
         }
     }
+}
+
+pub fn node(cmd: NodeCommand) -> anyhow::Result<Vec<u8>> {
+    match cmd {
+        NodeCommand::Encode {
+            content_type,
+            refs,
+            output,
+            file,
+        } => {
+            let ct = ContentType::new(content_type).context("invalid --content-type")?;
+            let content = read_bounded(
+                &mut open_input(&file)?,
+                NodeLimits::default().max_content_size,
+                "the input",
+            )?;
+            if ct.is_svalue() {
+                let found = svalue::extract_refs(&content, &SValueLimits::default())
+                    .context("content is not a canonical SValue")?;
+                if found != refs {
+                    bail!("the --ref list differs from the SBlobs of the SValue content");
+                }
+            }
+            let bytes =
+                NodeDescriptor::new(ct, refs, content.len() as u64).encode_portable(&content)?;
+            match output {
+                Some(path) => {
+                    std::fs::write(&path, &bytes)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    Ok(Vec::new())
+                }
+                None => Ok(bytes),
+            }
+        }
+    }
+}
+
+/// Every data-plane permission, granted by `unicas token` unless told otherwise.
+const ALL_PERMISSIONS: &[&str] = crate::capability::ALL_PERMISSIONS;
+
+pub fn token(args: TokenArgs, connection: &super::Connection) -> anyhow::Result<Vec<u8>> {
+    let space = connection.space()?;
+    let key = connection
+        .signing_key()?
+        .with_ttl(std::time::Duration::from_secs(args.ttl));
+    let permissions: Vec<&'static str> = if args.permissions.is_empty() {
+        ALL_PERMISSIONS.to_vec()
+    } else {
+        args.permissions
+            .iter()
+            .map(|p| {
+                ALL_PERMISSIONS
+                    .iter()
+                    .find(|known| *known == p)
+                    .copied()
+                    .with_context(|| {
+                        format!(
+                            "unknown permission {p:?}; one of {}",
+                            ALL_PERMISSIONS.join(", ")
+                        )
+                    })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let token = key.mint(&space, &permissions)?;
+    Ok(format!("{token}\n").into_bytes())
 }
 
 pub fn archive(cmd: ArchiveCommand, json: bool) -> anyhow::Result<Vec<u8>> {

@@ -60,12 +60,15 @@ pub struct MetaStore {
     inner: Arc<Inner>,
 }
 
+/// The in-process lock of one partition.
+type PartitionLock = tokio::sync::Mutex<()>;
+
 struct Inner {
     /// SQLite: the single in-process writer.
     writer: Arc<tokio::sync::Mutex<()>>,
     /// Postgres: one in-process lock per partition, so that a replica's own requests queue
     /// here rather than on the database.
-    partitions: Mutex<HashMap<(String, String), Weak<tokio::sync::Mutex<()>>>>,
+    partitions: Mutex<HashMap<(String, String), Weak<PartitionLock>>>,
 }
 
 impl std::fmt::Debug for MetaStore {

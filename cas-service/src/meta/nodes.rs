@@ -1,6 +1,6 @@
 //! Node rows, ordered edges and upload generations: the lease state machine's storage.
 
-use cas_format::{Hash, SpaceId};
+use cas_format::{AppId, Hash, SpaceId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -224,10 +224,54 @@ pub enum FinalizeOutcome {
 pub fn lease_window(started: i64, expires: i64, now: i64, duration: i64) -> (i64, i64) {
     if expires > now {
         let started = if started > 0 { started } else { now };
-        (started, expires.max(now + duration))
+        // A running lease that still covers seven eighths of the claim is kept as it is: a
+        // client renewing often then costs a write once per eighth of its lease, not per call.
+        if expires >= now + duration - duration / 8 {
+            (started, expires)
+        } else {
+            (started, now + duration)
+        }
     } else {
         (now, now + duration)
     }
+}
+
+/// The distinct refs among `refs` that are not ready, in order of first occurrence.
+async fn missing_children<'e, E>(
+    executor: E,
+    app: &AppId,
+    space: &SpaceId,
+    refs: &[Hash],
+) -> Result<Vec<Hash>, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let mut seen = std::collections::HashSet::new();
+    let distinct: Vec<Hash> = refs.iter().copied().filter(|h| seen.insert(*h)).collect();
+    if distinct.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT hash FROM nodes WHERE app_id = $1 AND space_id = $2 \
+         AND collecting_since IS NULL AND hash IN ({})",
+        placeholders(3, distinct.len())
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(app.as_str())
+        .bind(space.as_str());
+    for h in &distinct {
+        q = q.bind(hb(h));
+    }
+    let ready: std::collections::HashSet<Hash> = q
+        .fetch_all(executor)
+        .await?
+        .iter()
+        .map(|r| hash_col(r, "hash"))
+        .collect::<Result<_, _>>()?;
+    Ok(distinct
+        .into_iter()
+        .filter(|h| !ready.contains(h))
+        .collect())
 }
 
 impl MetaStore {
@@ -522,33 +566,8 @@ impl Partition {
 
     /// The distinct refs among `refs` that are not ready, in order of first occurrence.
     pub async fn missing_children(&mut self, refs: &[Hash]) -> Result<Vec<Hash>, sqlx::Error> {
-        let mut seen = std::collections::HashSet::new();
-        let distinct: Vec<Hash> = refs.iter().copied().filter(|h| seen.insert(*h)).collect();
-        if distinct.is_empty() {
-            return Ok(Vec::new());
-        }
         let (app, space) = (self.app.clone(), self.space.clone());
-        let sql = format!(
-            "SELECT hash FROM nodes WHERE app_id = $1 AND space_id = $2 \
-             AND collecting_since IS NULL AND hash IN ({})",
-            placeholders(3, distinct.len())
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(app.as_str())
-            .bind(space.as_str());
-        for h in &distinct {
-            q = q.bind(hb(h));
-        }
-        let ready: std::collections::HashSet<Hash> = q
-            .fetch_all(&mut **self.tx())
-            .await?
-            .iter()
-            .map(|r| hash_col(r, "hash"))
-            .collect::<Result<_, _>>()?;
-        Ok(distinct
-            .into_iter()
-            .filter(|h| !ready.contains(h))
-            .collect())
+        missing_children(&mut **self.tx(), &app, &space, refs).await
     }
 
     /// Publishes a node from a validated generation whose object has been written: inserts the

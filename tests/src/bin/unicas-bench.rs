@@ -1,0 +1,289 @@
+//! Throughput and memory of the service, each figure beside a baseline measured in the same run
+//! (these machines are noisy; ratios travel, absolute numbers do not).
+//!
+//! ```text
+//! scripts/bench [sqlite-fs|sqlite-s3|postgres-fs|postgres-s3 ...]
+//! ```
+//!
+//! For each backend it starts a real server and reports:
+//! - ready-lease renewals per second (15-minute claims, renewed continuously: most are answered
+//!   from the running lease without a write), beside `GET /healthz` of the same server under
+//!   the same load generator, and lease extensions that each write;
+//! - root-ref updates per second, 10 changes each;
+//! - small-node (1 KiB) uploads per second (lease, PUT, lease);
+//! - GC deletions per second;
+//! - the server's peak RSS while uploading 32 MiB nodes, beside its RSS before.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use cas_client::AppCasClient;
+use cas_format::Hash;
+use tests::{Backend, Blobs, Db, TestEnv, leaf, space};
+
+const CONCURRENCY: usize = 16;
+const PHASE: Duration = Duration::from_secs(4);
+
+/// Runs `op` from `CONCURRENCY` tasks for `PHASE`; returns completed operations per second.
+async fn throughput<F, Fut>(op: F) -> anyhow::Result<f64>
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let done = Arc::new(AtomicU64::new(0));
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + PHASE;
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENCY {
+        let (op, done, next) = (op.clone(), done.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                op(i).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+fn rss_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+fn parse_backend(s: &str) -> anyhow::Result<Backend> {
+    Ok(match s {
+        "sqlite-fs" => Backend::SQLITE_FS,
+        "sqlite-s3" => Backend::SQLITE_S3,
+        "postgres-fs" => Backend::POSTGRES_FS,
+        "postgres-s3" => Backend::POSTGRES_S3,
+        other => anyhow::bail!(
+            "unknown backend {other}; use sqlite-fs, sqlite-s3, postgres-fs or postgres-s3"
+        ),
+    })
+}
+
+fn name(b: Backend) -> &'static str {
+    match (b.db, b.blobs) {
+        (Db::Sqlite, Blobs::Fs) => "sqlite-fs",
+        (Db::Sqlite, Blobs::S3) => "sqlite-s3",
+        (Db::Postgres, Blobs::Fs) => "postgres-fs",
+        (Db::Postgres, Blobs::S3) => "postgres-s3",
+    }
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    healthz: f64,
+    renewals: f64,
+    extensions: f64,
+    root_refs: f64,
+    uploads: f64,
+    gc_deletions: f64,
+    rss_before_mib: f64,
+    rss_peak_mib: f64,
+}
+
+async fn bench(b: Backend) -> anyhow::Result<Figures> {
+    let mut env = TestEnv::new(b).await?;
+    env.set("UNICAS_NODE_MAX_BYTES", 40 << 20)
+        .set("UNICAS_MAX_ACTIVE_UPLOADS", 0)
+        .set("UNICAS_RATE_LIMIT_PER_IP", 0)
+        .set("UNICAS_RATE_LIMIT_PER_APP", 0)
+        .set("UNICAS_UPLOAD_TTL_MS", 3_600_000);
+    let app = env.create_app("bench")?;
+    let server = env.start()?;
+    let pid = server.pid();
+    let client: AppCasClient = app.client(&server);
+    let sp = space("bench");
+    let mut f = Figures::default();
+
+    let http = reqwest::Client::new();
+    let url = format!("{}/healthz", server.url);
+    f.healthz = throughput(move |_| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            anyhow::ensure!(http.get(&url).send().await?.status().is_success());
+            Ok(())
+        }
+    })
+    .await?;
+
+    // Ready nodes to renew and reference.
+    let mut ready = Vec::new();
+    for i in 0..1000u32 {
+        let (h, bytes) = leaf(&i.to_le_bytes());
+        client.ensure_node(&sp, &h, &bytes, 60_000).await?;
+        ready.push(h);
+    }
+    let ready = Arc::new(ready);
+    {
+        let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
+        f.renewals = throughput(move |i| {
+            let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
+            async move {
+                // A client renewing its 15-minute leases.
+                client
+                    .lease_node(&sp, &ready[i as usize % ready.len()], 15 * 60_000, None)
+                    .await?;
+                Ok(())
+            }
+        })
+        .await?;
+    }
+    // Extensions that must write: nodes leased for the minimum, then claimed for a day.
+    let mut short = Vec::new();
+    for i in 0..3000u32 {
+        let (h, bytes) = leaf(&(i + 500_000).to_le_bytes());
+        client.ensure_node(&sp, &h, &bytes, 1000).await?;
+        short.push(h);
+    }
+    let short = Arc::new(short);
+    {
+        let (client, sp, short) = (client.clone(), sp.clone(), short.clone());
+        let start = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..CONCURRENCY {
+            let (client, sp, short, next) =
+                (client.clone(), sp.clone(), short.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(h) = short.get(i) else { break };
+                    client.lease_node(&sp, h, 24 * 3_600_000, None).await?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        f.extensions = short.len() as f64 / start.elapsed().as_secs_f64();
+    }
+    {
+        let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
+        f.root_refs = throughput(move |i| {
+            let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
+            async move {
+                let changes: BTreeMap<Hash, i64> = (0..10)
+                    .map(|k| (ready[(i as usize * 10 + k) % ready.len()], 1))
+                    .collect();
+                client
+                    .update_root_refs(&sp, &format!("bench:{i}").parse()?, changes)
+                    .await?;
+                Ok(())
+            }
+        })
+        .await?;
+    }
+    {
+        let (client, sp) = (client.clone(), sp.clone());
+        f.uploads = throughput(move |i| {
+            let (client, sp) = (client.clone(), sp.clone());
+            async move {
+                let mut content = vec![0u8; 1024];
+                content[..8].copy_from_slice(&(i + 1_000_000).to_le_bytes());
+                let (h, bytes) = leaf(&content);
+                client.ensure_node(&sp, &h, &bytes, 1000).await?;
+                Ok(())
+            }
+        })
+        .await?;
+    }
+    // GC: everything uploaded above with a 1 s lease (the server's minimum in tests).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let start = Instant::now();
+    let mut deleted = 0;
+    loop {
+        let pass = client.gc(&sp, Some(10_000)).await?;
+        deleted += pass.deleted;
+        if pass.deleted == 0 {
+            break;
+        }
+    }
+    f.gc_deletions = deleted as f64 / start.elapsed().as_secs_f64();
+
+    // Memory: 32 MiB nodes, two at a time.
+    f.rss_before_mib = rss_kib(pid, "VmRSS:")? as f64 / 1024.0;
+    let mut tasks = Vec::new();
+    for i in 0..6u8 {
+        let (client, sp) = (client.clone(), sp.clone());
+        tasks.push(tokio::spawn(async move {
+            let content: Vec<u8> = (0..32u32 << 20)
+                .map(|k| (k as u8).wrapping_mul(31).wrapping_add(i))
+                .collect();
+            let (h, bytes) = leaf(&content);
+            drop(content);
+            client.ensure_node(&sp, &h, &bytes, 60_000).await?;
+            anyhow::Ok(())
+        }));
+        if tasks.len() == 2 {
+            for t in tasks.drain(..) {
+                t.await??;
+            }
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    f.rss_peak_mib = rss_kib(pid, "VmHWM:")? as f64 / 1024.0;
+    Ok(f)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let backends: Vec<Backend> = if args.is_empty() {
+        vec![Backend::SQLITE_FS]
+    } else {
+        args.iter()
+            .map(|a| parse_backend(a))
+            .collect::<anyhow::Result<_>>()?
+    };
+    println!("concurrency {CONCURRENCY}, {} s per phase", PHASE.as_secs());
+    for b in backends {
+        let f = bench(b)
+            .await
+            .with_context(|| format!("backend {}", name(b)))?;
+        println!("\n{}", name(b));
+        println!("  {:<44} {:>9.0} /s", "baseline: GET /healthz", f.healthz);
+        for (what, v) in [
+            ("ready-lease renewals, 15 min claims", f.renewals),
+            ("lease extensions that write (1 s to 24 h)", f.extensions),
+            ("root-ref updates, 10 changes each", f.root_refs),
+            ("small-node uploads (1 KiB: lease, PUT, lease)", f.uploads),
+        ] {
+            println!(
+                "  {what:<44} {v:>9.0} /s   {:.3} of baseline",
+                v / f.healthz
+            );
+        }
+        println!("  {:<44} {:>9.0} /s", "GC deletions", f.gc_deletions);
+        println!(
+            "  {:<44} {:>9.1} MiB  (before: {:.1} MiB; peak / node size = {:.2})",
+            "server peak RSS, 32 MiB nodes two at a time",
+            f.rss_peak_mib,
+            f.rss_before_mib,
+            f.rss_peak_mib / 32.0
+        );
+    }
+    Ok(())
+}
