@@ -19,6 +19,8 @@ use bytes::Bytes;
 use cas_client::{AppCasClient, SigningKey};
 use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId, Value};
 
+pub mod fault_proxy;
+
 /// The metadata database of a test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Db {

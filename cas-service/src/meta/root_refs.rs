@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use cas_format::{AppId, Hash, RequestId, SpaceId};
 use sqlx::Row;
 
-use super::{MetaStore, Partition, hash_col, hb, id_col};
+use super::{MetaStore, Partition, hash_col, hb, id_col, placeholders};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
 pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
@@ -75,15 +75,41 @@ impl Partition {
                 Err(RootRefRejection::IdempotencyConflict)
             });
         }
+        // Up to 1000 changes: a handful of statements, not a few per hash.
+        let hashes: Vec<Hash> = changes.keys().copied().collect();
+        let current: BTreeMap<Hash, (i64, bool)> = {
+            let sql = format!(
+                "SELECT hash, root_ref_count, collecting_since FROM nodes \
+                 WHERE app_id = $1 AND space_id = $2 AND hash IN ({})",
+                placeholders(3, hashes.len())
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(app.as_str())
+                .bind(space.as_str());
+            for h in &hashes {
+                q = q.bind(hb(h));
+            }
+            q.fetch_all(&mut **self.tx())
+                .await?
+                .iter()
+                .map(|r| {
+                    let collecting: Option<i64> = r.try_get("collecting_since")?;
+                    Ok((
+                        hash_col(r, "hash")?,
+                        (r.try_get("root_ref_count")?, collecting.is_none()),
+                    ))
+                })
+                .collect::<Result<_, sqlx::Error>>()?
+        };
         let mut results = Vec::with_capacity(changes.len());
         for (hash, delta) in changes {
-            let Some(row) = self.node(hash).await? else {
+            let Some((count, ready)) = current.get(hash).copied() else {
                 return Ok(Err(RootRefRejection::UnknownNode(*hash)));
             };
-            if *delta > 0 && !row.is_ready() {
+            if *delta > 0 && !ready {
                 return Ok(Err(RootRefRejection::NotReady(*hash)));
             }
-            let result = row.root_ref_count + delta;
+            let result = count + delta;
             if result < 0 {
                 return Ok(Err(RootRefRejection::Negative {
                     hash: *hash,
@@ -102,39 +128,49 @@ impl Partition {
         .fetch_one(&mut **self.tx())
         .await?
         .try_get("revision")?;
+        // The new counts (absolute: the gate is held), from a VALUES list.
+        let values = (0..results.len())
+            .map(|i| format!("(${}, ${})", 3 + 2 * i, 4 + 2 * i))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE nodes SET root_ref_count = v.column2 FROM (VALUES {values}) AS v \
+             WHERE nodes.app_id = $1 AND nodes.space_id = $2 AND nodes.hash = v.column1"
+        )))
+        .bind(app.as_str())
+        .bind(space.as_str());
         for (hash, count) in &results {
-            sqlx::query(
-                "UPDATE nodes SET root_ref_count = $4 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
-            )
+            q = q.bind(hb(hash)).bind(*count);
+        }
+        q.execute(&mut **self.tx()).await?;
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE root_ref_balances SET revision_to = $3 WHERE app_id = $1 AND space_id = $2 \
+             AND revision_to IS NULL AND hash IN ({})",
+            placeholders(4, hashes.len())
+        )))
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(revision);
+        for h in &hashes {
+            q = q.bind(hb(h));
+        }
+        q.execute(&mut **self.tx()).await?;
+        let positive: Vec<&(Hash, i64)> = results.iter().filter(|(_, c)| *c > 0).collect();
+        if !positive.is_empty() {
+            let values = (0..positive.len())
+                .map(|i| format!("($1, $2, ${}, ${}, $3)", 4 + 2 * i, 5 + 2 * i))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO root_ref_balances (app_id, space_id, hash, ref_count, revision_from) VALUES {values}"
+            )))
             .bind(app.as_str())
             .bind(space.as_str())
-            .bind(hb(hash))
-            .bind(*count)
-            .execute(&mut **self.tx())
-            .await?;
-            sqlx::query(
-                "UPDATE root_ref_balances SET revision_to = $4 WHERE app_id = $1 AND space_id = $2 \
-                 AND hash = $3 AND revision_to IS NULL",
-            )
-            .bind(app.as_str())
-            .bind(space.as_str())
-            .bind(hb(hash))
-            .bind(revision)
-            .execute(&mut **self.tx())
-            .await?;
-            if *count > 0 {
-                sqlx::query(
-                    "INSERT INTO root_ref_balances (app_id, space_id, hash, ref_count, revision_from) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(hb(hash))
-                .bind(*count)
-                .bind(revision)
-                .execute(&mut **self.tx())
-                .await?;
+            .bind(revision);
+            for (hash, count) in positive {
+                q = q.bind(hb(hash)).bind(*count);
             }
+            q.execute(&mut **self.tx()).await?;
         }
         let changes_json = serde_json::to_string(changes).unwrap_or_else(|_| "{}".to_string());
         sqlx::query(
