@@ -543,6 +543,9 @@ pub fn svalue_node(value: &Value) -> (Hash, Bytes) {
     node(cas_format::SVALUE_CONTENT_TYPE, &enc.refs, &enc.bytes)
 }
 
+/// A parent whose root ref a test holds, with its children.
+pub type Held = (Hash, Vec<Hash>);
+
 pub fn space(s: &str) -> SpaceId {
     s.parse().expect("space id")
 }

@@ -94,8 +94,6 @@ impl Universe {
 
 /// An accepted root-ref update: its changes and revision.
 type Accepted = (BTreeMap<Hash, i64>, u64);
-/// A parent whose root ref is held, with its children.
-type Held = (Hash, Vec<Hash>);
 
 /// What the service must agree with.
 #[derive(Default)]

@@ -94,7 +94,7 @@ async fn three_replicas(b: Backend) -> anyhow::Result<()> {
     });
     let sp = space("s");
     let shared: Vec<(Hash, Bytes)> = (0..12u8).map(|i| leaf(&[b'c', i])).collect();
-    let held: Arc<Mutex<Vec<(Hash, Vec<Hash>)>>> = Arc::new(Mutex::new(Vec::new()));
+    let held: Arc<Mutex<Vec<Held>>> = Arc::new(Mutex::new(Vec::new()));
     let acknowledged: Arc<Mutex<BTreeMap<String, u64>>> = Arc::new(Mutex::new(BTreeMap::new()));
     let counter = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
