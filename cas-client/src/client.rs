@@ -406,6 +406,45 @@ impl AppCasClient {
         Ok(resp.bytes_stream().map(|r| r.map_err(ClientError::from)))
     }
 
+    /// A node's own content as a stream, with the content type and size the service sent.
+    pub async fn read_stream_typed(
+        &self,
+        space: &SpaceId,
+        hash: &Hash,
+    ) -> Result<
+        (
+            String,
+            u64,
+            impl Stream<Item = Result<Bytes, ClientError>> + use<>,
+        ),
+        ClientError,
+    > {
+        let path = format!("/v1/cas/nodes/{hash}");
+        let resp = self
+            .retrying(|| async {
+                self.send(&Call::new(Method::GET, &path, space, perm::READ))
+                    .await
+            })
+            .await?;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let content_type = header("x-unicas-content-type").ok_or_else(|| {
+            ClientError::Protocol("the answer has no x-unicas-content-type".into())
+        })?;
+        let size = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ClientError::Protocol("the answer has no content-length".into()))?;
+        Ok((
+            content_type,
+            size,
+            resp.bytes_stream().map(|r| r.map_err(ClientError::from)),
+        ))
+    }
+
     pub async fn read_metadata(
         &self,
         space: &SpaceId,

@@ -1,89 +1,329 @@
-//! Storing a DAG whose nodes are at hand: bottom-up, each distinct node once, with bounded
-//! parallelism. Every child is leased (by its own `ensure_node`) before its parent is leased,
-//! so GC cannot take a child in between; a parent that still finds a child missing (its lease
-//! ran out and GC took it) gets that child stored again.
+//! Storing a DAG: a [`Plan`] says what every node is and where its bytes come from; an
+//! [`Uploader`] makes the Space hold it, uploading only what is not ready.
+//!
+//! The walk is top-down and lease-first: a node that is already ready is leased and its
+//! descendants are left alone (the node's child counts protect them). A node that is missing
+//! gets each distinct direct child ensured (leased, or uploaded) first, then its own bytes
+//! uploaded, then a second lease that publishes it; so every child is leased before its new
+//! parent and GC cannot take it in between. Each distinct node is handled once per run, the
+//! network calls are bounded by a semaphore, and a child that went missing before its parent
+//! was published (its lease ran out) is stored again.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use cas_format::{Hash, NodeLimits, SpaceId, decode_portable};
-use futures_util::{StreamExt, TryStreamExt};
+use cas_format::wire::LeaseResponse;
+use cas_format::{ContentType, Hash, NodeDescriptor, NodeLimits, SpaceId, decode_portable};
+use futures_util::future::{BoxFuture, try_join_all};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::{OnceCell, Semaphore};
 
 use crate::client::AppCasClient;
 use crate::error::ClientError;
-use crate::store::Ensured;
+
+/// Where a planned node's bytes come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The portable full node, in memory.
+    Portable(Bytes),
+    /// An `application/octet-stream` leaf whose content is a slice of a file, read when (and
+    /// only if) it has to be uploaded.
+    FileSlice {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// One node of a plan.
+#[derive(Debug, Clone)]
+pub struct PlannedNode {
+    pub refs: Vec<Hash>,
+    pub source: Source,
+    /// Length of the portable node.
+    pub portable_len: u64,
+}
+
+/// The nodes of a DAG by hash. Refs to nodes outside the plan must be ready in the Space.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub nodes: HashMap<Hash, PlannedNode>,
+}
+
+impl Plan {
+    /// Adds a node given as portable bytes; returns its hash.
+    pub fn add_portable(&mut self, portable: Bytes) -> Result<Hash, ClientError> {
+        let node = decode_portable(&portable, &NodeLimits::format_max())
+            .map_err(|e| ClientError::Invalid(format!("not a portable node: {e}")))?;
+        let hash = node.hash;
+        let refs = node.descriptor.refs;
+        self.nodes.entry(hash).or_insert(PlannedNode {
+            refs,
+            portable_len: portable.len() as u64,
+            source: Source::Portable(portable),
+        });
+        Ok(hash)
+    }
+
+    /// Adds an octet-stream leaf whose content is `len` bytes of `path` at `offset`.
+    pub fn add_file_slice(&mut self, hash: Hash, path: PathBuf, offset: u64, len: u64) {
+        let prefix = leaf_descriptor(len).prefix_len();
+        self.nodes.entry(hash).or_insert(PlannedNode {
+            refs: Vec::new(),
+            portable_len: prefix + len,
+            source: Source::FileSlice { path, offset, len },
+        });
+    }
+
+    /// Total portable bytes of the planned nodes.
+    pub fn bytes(&self) -> u64 {
+        self.nodes.values().map(|n| n.portable_len).sum()
+    }
+}
+
+/// The descriptor of an `application/octet-stream` leaf of `len` bytes.
+pub fn leaf_descriptor(len: u64) -> NodeDescriptor {
+    NodeDescriptor::new(ContentType::octet_stream(), Vec::new(), len)
+}
 
 /// What storing a DAG did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DagReport {
-    /// Distinct nodes in the DAG.
+    /// Distinct nodes the run looked at.
     pub nodes: u64,
-    /// Nodes this call uploaded.
+    /// Nodes this run uploaded.
     pub uploaded_nodes: u64,
     pub uploaded_bytes: u64,
 }
 
-/// The refs of a portable node.
-pub fn portable_refs(portable: &[u8]) -> Result<Vec<Hash>, ClientError> {
-    decode_portable(portable, &NodeLimits::format_max())
-        .map(|n| n.descriptor.refs)
-        .map_err(|e| ClientError::Invalid(format!("not a portable node: {e}")))
+/// Receives progress: bytes uploaded so far and nodes handled.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// Makes a Space hold the DAG of a plan.
+pub struct Uploader<'a> {
+    client: &'a AppCasClient,
+    space: &'a SpaceId,
+    plan: &'a Plan,
+    lease_ms: u64,
+    calls: Semaphore,
+    done: std::sync::Mutex<HashMap<Hash, Arc<OnceCell<()>>>>,
+    nodes: AtomicU64,
+    uploaded_nodes: AtomicU64,
+    uploaded_bytes: AtomicU64,
+    progress: Option<Progress>,
 }
 
-/// Orders the nodes reachable from `roots` children first, each once. Nodes not in `nodes`
-/// are taken to exist already (they are leased when met as children, not uploaded).
-pub fn children_first(
-    nodes: &HashMap<Hash, Bytes>,
-    roots: &[Hash],
-) -> Result<Vec<Vec<Hash>>, ClientError> {
-    // Depth of a node = 1 + the deepest of its children; nodes of equal depth are independent.
-    let mut depth: HashMap<Hash, usize> = HashMap::new();
-    let mut stack: Vec<(Hash, bool)> = roots.iter().map(|r| (*r, false)).collect();
-    let mut on_path = HashSet::new();
-    while let Some((h, expanded)) = stack.pop() {
-        if depth.contains_key(&h) && !expanded {
-            continue;
+impl<'a> Uploader<'a> {
+    pub fn new(
+        client: &'a AppCasClient,
+        space: &'a SpaceId,
+        plan: &'a Plan,
+        lease_ms: u64,
+        parallelism: usize,
+    ) -> Self {
+        Uploader {
+            client,
+            space,
+            plan,
+            lease_ms,
+            calls: Semaphore::new(parallelism.max(1)),
+            done: std::sync::Mutex::new(HashMap::new()),
+            nodes: AtomicU64::new(0),
+            uploaded_nodes: AtomicU64::new(0),
+            uploaded_bytes: AtomicU64::new(0),
+            progress: None,
         }
-        let Some(bytes) = nodes.get(&h) else {
-            depth.insert(h, 0);
-            continue;
-        };
-        let refs = portable_refs(bytes)?;
-        if expanded {
-            on_path.remove(&h);
-            let d = refs
+    }
+
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Makes every root (and so its whole DAG) ready and leased.
+    pub async fn run(&self, roots: &[Hash]) -> Result<DagReport, ClientError> {
+        try_join_all(roots.iter().map(|r| self.ensure(*r))).await?;
+        Ok(DagReport {
+            nodes: self.nodes.load(Ordering::Relaxed),
+            uploaded_nodes: self.uploaded_nodes.load(Ordering::Relaxed),
+            uploaded_bytes: self.uploaded_bytes.load(Ordering::Relaxed),
+        })
+    }
+
+    fn cell(&self, hash: Hash) -> Arc<OnceCell<()>> {
+        self.done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(hash)
+            .or_default()
+            .clone()
+    }
+
+    /// Ensures `hash` once per run.
+    fn ensure(&self, hash: Hash) -> BoxFuture<'_, Result<(), ClientError>> {
+        Box::pin(async move {
+            let cell = self.cell(hash);
+            cell.get_or_try_init(|| self.ensure_now(hash)).await?;
+            Ok(())
+        })
+    }
+
+    async fn lease(
+        &self,
+        hash: &Hash,
+        upload_bytes: Option<u64>,
+    ) -> Result<LeaseResponse, ClientError> {
+        let _permit = self
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| ClientError::Cancelled)?;
+        self.client
+            .lease_node(self.space, hash, self.lease_ms, upload_bytes)
+            .await
+    }
+
+    fn tick(&self) {
+        let nodes = self.nodes.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(p) = &self.progress {
+            p(self.uploaded_bytes.load(Ordering::Relaxed), nodes);
+        }
+    }
+
+    fn ensure_now(&self, hash: Hash) -> BoxFuture<'_, Result<(), ClientError>> {
+        Box::pin(async move {
+            let Some(node) = self.plan.nodes.get(&hash) else {
+                // Outside the plan: it must be ready.
+                return match self.lease(&hash, None).await? {
+                    LeaseResponse::Ready { .. } => {
+                        self.tick();
+                        Ok(())
+                    }
+                    other => Err(ClientError::Invalid(format!(
+                        "node {hash} is neither in what is being stored nor ready in the Space ({})",
+                        other.state()
+                    ))),
+                };
+            };
+            let mut response = self.lease(&hash, Some(node.portable_len)).await?;
+            if matches!(response, LeaseResponse::Ready { .. }) {
+                self.tick();
+                return Ok(());
+            }
+            // Children first: each distinct child leased (or stored) before the parent.
+            let mut seen = HashSet::new();
+            let children: Vec<Hash> = node
+                .refs
                 .iter()
-                .map(|c| depth.get(c).copied().unwrap_or(0) + 1)
-                .max()
-                .unwrap_or(1);
-            depth.insert(h, d.max(1));
-        } else {
-            if !on_path.insert(h) {
-                return Err(ClientError::Invalid("the nodes form a cycle".into()));
+                .copied()
+                .filter(|c| seen.insert(*c))
+                .collect();
+            try_join_all(children.iter().map(|c| self.ensure(*c))).await?;
+            if matches!(response, LeaseResponse::ValidatedAwaitingChildren { .. }) {
+                // Someone uploaded it already; now that the children are ready it publishes.
+                response = self.lease(&hash, Some(node.portable_len)).await?;
             }
-            stack.push((h, true));
-            for c in refs.iter().rev() {
-                if !depth.contains_key(c) {
-                    stack.push((*c, false));
+            let mut uploaded = false;
+            for _ in 0..8 {
+                match response {
+                    LeaseResponse::Ready { .. } => {
+                        self.tick();
+                        return Ok(());
+                    }
+                    LeaseResponse::AwaitingUpload { upload, .. } => {
+                        self.upload(&hash, node, &upload).await?;
+                        uploaded = true;
+                    }
+                    LeaseResponse::AwaitingReplacementUpload {
+                        upload, rejection, ..
+                    } => {
+                        if uploaded {
+                            return Err(ClientError::Api {
+                                status: 422,
+                                code: rejection.code,
+                                message: format!("node {hash}: {}", rejection.message),
+                                retry_after: None,
+                            });
+                        }
+                        self.upload(&hash, node, &upload).await?;
+                        uploaded = true;
+                    }
+                    LeaseResponse::ValidatedAwaitingChildren { child_hashes, .. } => {
+                        // A child we leased earlier was collected since: store it again.
+                        for c in child_hashes {
+                            self.ensure_now(c).await?;
+                        }
+                    }
                 }
+                response = self.lease(&hash, Some(node.portable_len)).await?;
             }
+            Err(ClientError::Protocol(format!(
+                "node {hash} did not become ready after repeated uploads"
+            )))
+        })
+    }
+
+    async fn upload(
+        &self,
+        hash: &Hash,
+        node: &PlannedNode,
+        target: &cas_format::wire::UploadTarget,
+    ) -> Result<(), ClientError> {
+        let bytes = portable_bytes(hash, &node.source).await?;
+        let len = bytes.len() as u64;
+        {
+            let _permit = self
+                .calls
+                .acquire()
+                .await
+                .map_err(|_| ClientError::Cancelled)?;
+            self.client.upload(target, bytes).await?;
+        }
+        self.uploaded_nodes.fetch_add(1, Ordering::Relaxed);
+        self.uploaded_bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The portable bytes of a planned node, checked against its hash (a file may have changed
+/// since it was planned).
+async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes, ClientError> {
+    match source {
+        Source::Portable(b) => Ok(b.clone()),
+        Source::FileSlice { path, offset, len } => {
+            let mut file = tokio::fs::File::open(path)
+                .await
+                .map_err(|e| ClientError::io(format!("cannot open {}", path.display()), e))?;
+            file.seek(std::io::SeekFrom::Start(*offset))
+                .await
+                .map_err(|e| ClientError::io(format!("cannot read {}", path.display()), e))?;
+            let d = leaf_descriptor(*len);
+            let mut out = d
+                .prefix()
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            let start = out.len();
+            out.resize(start + *len as usize, 0);
+            file.read_exact(&mut out[start..])
+                .await
+                .map_err(|e| ClientError::io(format!("cannot read {}", path.display()), e))?;
+            if Hash::digest(&out) != *hash {
+                return Err(ClientError::Invalid(format!(
+                    "{} changed while it was being stored",
+                    path.display()
+                )));
+            }
+            Ok(Bytes::from(out))
         }
     }
-    let max = depth.values().copied().max().unwrap_or(0);
-    let mut layers = vec![Vec::new(); max + 1];
-    for (h, d) in depth {
-        layers[d].push(h);
-    }
-    for l in &mut layers {
-        l.sort_unstable();
-    }
-    Ok(layers)
 }
 
 impl AppCasClient {
-    /// Stores the DAG below `roots` from `nodes` (hash → portable bytes), children first, up
-    /// to `parallelism` nodes at a time, leasing each for `lease_ms`. Nodes missing from
-    /// `nodes` must already be ready in the Space.
+    /// Stores the DAG below `roots` from `nodes` (hash → portable bytes), leasing each node for
+    /// `lease_ms`, with up to `parallelism` calls in flight. Nodes missing from `nodes` must
+    /// already be ready in the Space.
     pub async fn store_dag(
         &self,
         space: &SpaceId,
@@ -92,64 +332,12 @@ impl AppCasClient {
         lease_ms: u64,
         parallelism: usize,
     ) -> Result<DagReport, ClientError> {
-        let layers = children_first(nodes, roots)?;
-        let mut report = DagReport::default();
-        for layer in layers {
-            let results: Vec<(u64, u64)> = futures_util::stream::iter(layer)
-                .map(|h| self.store_one(space, nodes, h, lease_ms))
-                .buffer_unordered(parallelism.max(1))
-                .try_collect()
-                .await?;
-            for (n, b) in results {
-                report.nodes += 1;
-                report.uploaded_nodes += n;
-                report.uploaded_bytes += b;
-            }
+        let mut plan = Plan::default();
+        for bytes in nodes.values() {
+            plan.add_portable(bytes.clone())?;
         }
-        Ok(report)
-    }
-
-    /// Ensures one node; stores children again if the service says they went missing.
-    /// Returns (nodes uploaded, bytes uploaded).
-    fn store_one<'a>(
-        &'a self,
-        space: &'a SpaceId,
-        nodes: &'a HashMap<Hash, Bytes>,
-        hash: Hash,
-        lease_ms: u64,
-    ) -> futures_util::future::BoxFuture<'a, Result<(u64, u64), ClientError>> {
-        Box::pin(async move {
-            let Some(bytes) = nodes.get(&hash) else {
-                // Not ours to upload: it must be ready; lease it so a parent can reference it.
-                return match self.lease_node(space, &hash, lease_ms, None).await? {
-                    cas_format::wire::LeaseResponse::Ready { .. } => Ok((0, 0)),
-                    other => Err(ClientError::Invalid(format!(
-                        "node {hash} is not in the DAG being stored and not ready ({})",
-                        other.state()
-                    ))),
-                };
-            };
-            let mut uploaded = (0u64, 0u64);
-            for _ in 0..4 {
-                let r = self.ensure_node(space, &hash, bytes, lease_ms).await?;
-                if r.uploaded_bytes > 0 {
-                    uploaded.0 += 1;
-                    uploaded.1 += r.uploaded_bytes;
-                }
-                match r.state {
-                    Ensured::Ready { .. } => return Ok(uploaded),
-                    Ensured::AwaitingChildren(missing) => {
-                        for child in missing {
-                            let (n, b) = self.store_one(space, nodes, child, lease_ms).await?;
-                            uploaded.0 += n;
-                            uploaded.1 += b;
-                        }
-                    }
-                }
-            }
-            Err(ClientError::Protocol(format!(
-                "node {hash} kept waiting for children that were stored again"
-            )))
-        })
+        Uploader::new(self, space, &plan, lease_ms, parallelism)
+            .run(roots)
+            .await
     }
 }

@@ -59,6 +59,13 @@ impl ClientError {
             _ => false,
         }
     }
+
+    pub(crate) fn io(context: impl std::fmt::Display, source: std::io::Error) -> Self {
+        ClientError::Io {
+            context: context.to_string(),
+            source,
+        }
+    }
 }
 
 impl From<reqwest::Error> for ClientError {

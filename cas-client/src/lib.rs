@@ -11,10 +11,16 @@ pub mod cli;
 mod client;
 pub mod dag;
 mod error;
+pub mod files;
 mod store;
+pub mod transfer;
+pub mod tree;
 
 pub use capability::{CapabilityProvider, FixedToken, SigningKey};
 pub use client::{AppCasClient, MAX_NODE_BYTES, RetryPolicy};
-pub use dag::DagReport;
+pub use dag::{DagReport, Plan, Uploader};
 pub use error::ClientError;
+pub use files::FileRef;
 pub use store::{EnsureReport, Ensured};
+pub use transfer::{ExportReport, ImportReport};
+pub use tree::Entry;

@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::capability::SigningKey;
 
 mod offline;
+mod online;
 
 /// UniCAS content-addressed storage: hash, encode, verify, and move node DAGs.
 #[derive(Debug, Parser)]
@@ -129,20 +130,92 @@ pub enum Command {
     Node(offline::NodeCommand),
     /// Print a capability for --space minted with --signing-key (for curl and scripts).
     Token(offline::TokenArgs),
+    /// Store a file (chunked when large); print its node hash.
+    Put {
+        file: PathBuf,
+        #[command(flatten)]
+        store: online::StoreOptions,
+    },
+    /// Write the file stored at HASH to stdout or to a file.
+    Get {
+        hash: cas_format::Hash,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Show a node's metadata and state.
+    Stat { hash: cas_format::Hash },
+    /// Store and fetch directory trees.
+    #[command(subcommand)]
+    Tree(online::TreeCommand),
+    /// Root references of the Space.
+    #[command(subcommand)]
+    Refs(online::RefsCommand),
+    /// The Space's usage.
+    Usage,
+    /// Run one bounded GC pass over the Space.
+    Gc {
+        #[arg(long)]
+        max_nodes: Option<u32>,
+    },
+    /// Write ROOTs and everything below them to an archive.
+    Export {
+        #[arg(required = true)]
+        roots: Vec<cas_format::Hash>,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Verify an archive, store what the Space lacks, and optionally retain its roots.
+    Import {
+        file: PathBuf,
+        /// Acquire one root ref per root once every node is stored.
+        #[arg(long)]
+        retain: bool,
+        /// The request id of that root-ref update (required with --retain).
+        #[arg(long)]
+        request_id: Option<cas_format::RequestId>,
+        #[command(flatten)]
+        store: online::StoreOptions,
+    },
 }
 
 /// Runs the command line and maps the outcome to an exit status.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mut stdout = std::io::stdout().lock();
+    // Not locked here: `get` streams to stdout from another thread.
+    let mut stdout = std::io::stdout();
     match run(cli, &mut stdout) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            drop(stdout);
             // One line: the chain of causes joined, newlines flattened.
             let reason = format!("{e:#}").replace('\n', " ");
             let _ = writeln!(std::io::stderr(), "unicas: {reason}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_online(command: Command, c: &Connection, json: bool) -> anyhow::Result<Vec<u8>> {
+    match command {
+        Command::Put { file, store } => online::put(c, json, file, store).await,
+        Command::Get { hash, output } => online::get(c, hash, output).await,
+        Command::Stat { hash } => online::stat(c, json, hash).await,
+        Command::Tree(cmd) => online::tree(c, json, cmd).await,
+        Command::Refs(cmd) => online::refs(c, json, cmd).await,
+        Command::Usage => online::usage(c, json).await,
+        Command::Gc { max_nodes } => online::gc(c, json, max_nodes).await,
+        Command::Export { roots, output } => online::export(c, json, roots, output).await,
+        Command::Import {
+            file,
+            retain,
+            request_id,
+            store,
+        } => online::import(c, json, file, retain, request_id, store).await,
+        Command::Hash(_)
+        | Command::Svalue(_)
+        | Command::Archive(_)
+        | Command::Node(_)
+        | Command::Token(_) => {
+            anyhow::bail!("not an online command")
         }
     }
 }
@@ -155,6 +228,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Archive(cmd) => offline::archive(cmd, cli.json)?,
         Command::Node(cmd) => offline::node(cmd)?,
         Command::Token(args) => offline::token(args, &cli.connection)?,
+        online => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(4)
+                .enable_all()
+                .build()
+                .context("cannot start the runtime")?;
+            runtime.block_on(run_online(online, &cli.connection, cli.json))?
+        }
     };
     out.write_all(&output)?;
     out.flush()?;

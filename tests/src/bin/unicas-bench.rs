@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! scripts/bench [sqlite-fs|sqlite-s3|postgres-fs|postgres-s3 ...]
+//! scripts/bench tree [backend]     # tree put and get beside cp -r
 //! ```
 //!
 //! For each backend it starts a real server and reports:
@@ -245,12 +246,105 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     Ok(f)
 }
 
+/// Tree put and get of a large tree, beside `cp -r` of the same tree in the same run.
+async fn tree_bench(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("bench")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("tree");
+    // 2000 small files (1–64 KiB), 40 medium (1–4 MiB), 4 large (32 MiB), in nested dirs.
+    let src = env.dir.path().join("src");
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    let mut total = 0u64;
+    let mut files = 0u64;
+    let mut write = |path: std::path::PathBuf, len: usize| -> anyhow::Result<()> {
+        let mut data = vec![0u8; len];
+        rand::RngCore::fill_bytes(&mut rng, &mut data);
+        std::fs::create_dir_all(path.parent().context("parent")?)?;
+        std::fs::write(path, &data)?;
+        total += len as u64;
+        files += 1;
+        Ok(())
+    };
+    for i in 0..2000usize {
+        write(
+            src.join(format!("d{}/e{}/f{i}.txt", i % 20, i % 7)),
+            1024 + (i * 7919) % (63 * 1024),
+        )?;
+    }
+    for i in 0..40usize {
+        write(
+            src.join(format!("medium/m{i}.bin")),
+            (1 << 20) + (i * 77_777) % (3 << 20),
+        )?;
+    }
+    for i in 0..4usize {
+        write(src.join(format!("large/l{i}.bin")), 32 << 20)?;
+    }
+    let time = |cmd: &mut std::process::Command| -> anyhow::Result<f64> {
+        let t = Instant::now();
+        anyhow::ensure!(cmd.status()?.success(), "{cmd:?} failed");
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let cp = time(
+        std::process::Command::new("cp")
+            .arg("-r")
+            .arg(&src)
+            .arg(env.dir.path().join("copy")),
+    )?;
+    let t = Instant::now();
+    let (root, report, _) = client.store_tree(&sp, &src, 900_000, 8, None).await?;
+    let put = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (again, second, _) = client.store_tree(&sp, &src, 900_000, 8, None).await?;
+    let put_again = t.elapsed().as_secs_f64();
+    anyhow::ensure!(again == root && second.uploaded_bytes == 0);
+    let t = Instant::now();
+    client
+        .materialize_tree(&sp, &root, &env.dir.path().join("got"), 8, None)
+        .await?;
+    let get = t.elapsed().as_secs_f64();
+    let mb = total as f64 / 1e6;
+    println!(
+        "\ntree of {files} files, {mb:.0} MB, {} nodes ({})",
+        report.nodes,
+        name(b)
+    );
+    println!(
+        "  {:<44} {:>8.2} s  {:>7.0} MB/s",
+        "baseline: cp -r",
+        cp,
+        mb / cp
+    );
+    for (what, s) in [
+        ("tree put (everything uploaded)", put),
+        ("tree put again (nothing uploaded)", put_again),
+        ("tree get", get),
+    ] {
+        println!(
+            "  {what:<44} {s:>8.2} s  {:>7.0} MB/s  {:.2}x the time of cp -r",
+            mb / s,
+            s / cp
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    if args.first().map(String::as_str) == Some("tree") {
+        let b = args
+            .get(1)
+            .map(|a| parse_backend(a))
+            .transpose()?
+            .unwrap_or(Backend::SQLITE_FS);
+        return tree_bench(b).await;
+    }
     let backends: Vec<Backend> = if args.is_empty() {
         vec![Backend::SQLITE_FS]
     } else {

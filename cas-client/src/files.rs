@@ -1,0 +1,327 @@
+//! Files as nodes.
+//!
+//! A file of at most [`CHUNKING_THRESHOLD`] bytes is one `application/octet-stream` leaf. A
+//! larger file is cut by content-defined chunking (FastCDC 2020, chunks of
+//! [`CHUNK_MIN`]..[`CHUNK_MAX`] bytes, [`CHUNK_AVG`] on average) into leaves, listed by an
+//! SValue index node:
+//!
+//! ```text
+//! {"kind": "chunked-file", "depth": 0, "size": <file size>,
+//!  "chunks": [SBlob, ...], "sizes": [<bytes of each chunk>, ...]}
+//! ```
+//!
+//! An index lists at most [`INDEX_FANOUT`] entries (the node ref limit is 256). A file with more
+//! chunks gets more levels: an index of depth `d > 0` lists indexes of depth `d - 1`, with their
+//! sizes. Reading walks the index in order.
+//!
+//! Why these numbers: cut points depend on content, so an edit moves only the chunks around it,
+//! and a file that grows at the end keeps its earlier chunks. An average of 1 MiB keeps the
+//! per-node cost (one lease, one row) small next to the bytes it carries, while an edit in a
+//! large file re-uploads about one to three chunks. Files up to 1 MiB gain nothing from
+//! chunking and stay one node. The chunk bounds stay far under the 32 MiB node limit.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+use bytes::Bytes;
+use cas_format::svalue::{self, SValueLimits};
+use cas_format::{ContentType, Hash, NodeDescriptor, SpaceId, Value};
+use futures_util::StreamExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use crate::client::AppCasClient;
+use crate::dag::{Plan, leaf_descriptor};
+use crate::error::ClientError;
+
+/// Files up to this size are one leaf.
+pub const CHUNKING_THRESHOLD: u64 = 1 << 20;
+pub const CHUNK_MIN: usize = 256 << 10;
+pub const CHUNK_AVG: usize = 1 << 20;
+pub const CHUNK_MAX: usize = 4 << 20;
+/// Entries of one index node.
+pub const INDEX_FANOUT: usize = 256;
+/// The `kind` of an index node.
+pub const CHUNKED_FILE: &str = "chunked-file";
+
+/// A file stored as nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileRef {
+    /// The leaf, or the root index of a chunked file.
+    pub node: Hash,
+    pub size: u64,
+    pub chunked: bool,
+}
+
+fn index_value(depth: u32, entries: &[(Hash, u64)]) -> Value {
+    Value::map([
+        ("kind", Value::from(CHUNKED_FILE)),
+        ("depth", Value::from(depth)),
+        (
+            "size",
+            Value::from(entries.iter().map(|(_, s)| *s as i64).sum::<i64>()),
+        ),
+        (
+            "chunks",
+            Value::Array(entries.iter().map(|(h, _)| Value::Blob(*h)).collect()),
+        ),
+        (
+            "sizes",
+            Value::Array(
+                entries
+                    .iter()
+                    .map(|(_, s)| Value::from(*s as i64))
+                    .collect(),
+            ),
+        ),
+    ])
+}
+
+/// The portable bytes of an SValue node.
+pub fn svalue_node(value: &Value) -> Result<Bytes, ClientError> {
+    let enc =
+        svalue::encode(value).map_err(|e| ClientError::Invalid(format!("cannot encode: {e}")))?;
+    let d = NodeDescriptor::new(ContentType::svalue(), enc.refs, enc.bytes.len() as u64);
+    d.encode_portable(&enc.bytes)
+        .map(Bytes::from)
+        .map_err(|e| ClientError::Invalid(e.to_string()))
+}
+
+/// Adds the index nodes over `chunks` (hash, size) to `plan`; returns the root index.
+fn plan_index(plan: &mut Plan, mut level: Vec<(Hash, u64)>) -> Result<Hash, ClientError> {
+    let mut depth = 0;
+    loop {
+        let mut next = Vec::with_capacity(level.len() / INDEX_FANOUT + 1);
+        for group in level.chunks(INDEX_FANOUT) {
+            let hash = plan.add_portable(svalue_node(&index_value(depth, group))?)?;
+            next.push((hash, group.iter().map(|(_, s)| s).sum()));
+        }
+        if next.len() == 1 {
+            return Ok(next[0].0);
+        }
+        level = next;
+        depth += 1;
+    }
+}
+
+/// Plans the file at `path` into `plan` (reading it once to hash it, never holding it whole).
+/// Blocking: call it from a blocking thread.
+pub fn plan_file(plan: &mut Plan, path: &Path) -> Result<FileRef, ClientError> {
+    let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
+    let file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    if size <= CHUNKING_THRESHOLD {
+        let mut content = Vec::with_capacity(size as usize);
+        file.take(size + 1).read_to_end(&mut content).map_err(io)?;
+        if content.len() as u64 != size {
+            return Err(ClientError::Invalid(format!(
+                "{} changed while it was read",
+                path.display()
+            )));
+        }
+        let hash = hash_leaf(&content)?;
+        plan.add_file_slice(hash, path.to_path_buf(), 0, size);
+        return Ok(FileRef {
+            node: hash,
+            size,
+            chunked: false,
+        });
+    }
+    let mut chunks = Vec::new();
+    let mut total = 0u64;
+    for chunk in fastcdc::v2020::StreamCDC::new(
+        BufReader::with_capacity(1 << 20, file),
+        CHUNK_MIN,
+        CHUNK_AVG,
+        CHUNK_MAX,
+    ) {
+        let chunk = chunk
+            .map_err(|e| ClientError::Invalid(format!("cannot read {}: {e}", path.display())))?;
+        let hash = hash_leaf(&chunk.data)?;
+        plan.add_file_slice(hash, path.to_path_buf(), chunk.offset, chunk.length as u64);
+        chunks.push((hash, chunk.length as u64));
+        total += chunk.length as u64;
+    }
+    let node = plan_index(plan, chunks)?;
+    Ok(FileRef {
+        node,
+        size: total,
+        chunked: true,
+    })
+}
+
+fn hash_leaf(content: &[u8]) -> Result<Hash, ClientError> {
+    leaf_descriptor(content.len() as u64)
+        .hash_of(content)
+        .map_err(|e| ClientError::Invalid(e.to_string()))
+}
+
+/// Plans bytes held in memory, as [`plan_file`] plans a file.
+pub fn plan_bytes(plan: &mut Plan, bytes: &[u8]) -> Result<FileRef, ClientError> {
+    let leaf = |plan: &mut Plan, content: &[u8]| -> Result<Hash, ClientError> {
+        let portable = leaf_descriptor(content.len() as u64)
+            .encode_portable(content)
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        plan.add_portable(Bytes::from(portable))
+    };
+    let size = bytes.len() as u64;
+    if size <= CHUNKING_THRESHOLD {
+        return Ok(FileRef {
+            node: leaf(plan, bytes)?,
+            size,
+            chunked: false,
+        });
+    }
+    let mut chunks = Vec::new();
+    for c in fastcdc::v2020::FastCDC::new(bytes, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX) {
+        let hash = leaf(plan, &bytes[c.offset..c.offset + c.length])?;
+        chunks.push((hash, c.length as u64));
+    }
+    Ok(FileRef {
+        node: plan_index(plan, chunks)?,
+        size,
+        chunked: true,
+    })
+}
+
+/// A parsed index node.
+struct Index {
+    depth: u32,
+    entries: Vec<(Hash, u64)>,
+}
+
+fn parse_index(hash: &Hash, content: &[u8]) -> Result<Index, ClientError> {
+    let bad = |what: &str| {
+        ClientError::Protocol(format!("node {hash} is not a chunked-file index: {what}"))
+    };
+    let (value, _) = svalue::decode_with_limits(content, &SValueLimits::default())
+        .map_err(|e| bad(&e.to_string()))?;
+    if value.get("kind").and_then(Value::as_str) != Some(CHUNKED_FILE) {
+        return Err(bad("no kind \"chunked-file\""));
+    }
+    let depth = value
+        .get("depth")
+        .and_then(Value::as_i64)
+        .filter(|d| (0..16).contains(d))
+        .ok_or_else(|| bad("depth"))? as u32;
+    let chunks = value
+        .get("chunks")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("chunks"))?;
+    let sizes = value
+        .get("sizes")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("sizes"))?;
+    if chunks.len() != sizes.len() {
+        return Err(bad("chunks and sizes differ in length"));
+    }
+    let entries = chunks
+        .iter()
+        .zip(sizes)
+        .map(|(c, s)| {
+            Ok((
+                c.as_blob().ok_or_else(|| bad("chunk"))?,
+                s.as_i64().filter(|n| *n >= 0).ok_or_else(|| bad("size"))? as u64,
+            ))
+        })
+        .collect::<Result<_, ClientError>>()?;
+    Ok(Index { depth, entries })
+}
+
+impl AppCasClient {
+    /// Streams a node's content to `out`, checking it against `hash`: the content type and
+    /// size come with the content, refs are known empty for leaves.
+    async fn copy_leaf<W: AsyncWrite + Unpin + Send>(
+        &self,
+        space: &SpaceId,
+        hash: &Hash,
+        out: &mut W,
+    ) -> Result<u64, ClientError> {
+        let (content_type, size, mut stream) = self.read_stream_typed(space, hash).await?;
+        let ct =
+            ContentType::new(content_type).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut hasher = NodeDescriptor::new(ct, Vec::new(), size)
+            .hasher()
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut written = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            hasher.update(&chunk);
+            written += chunk.len() as u64;
+            out.write_all(&chunk)
+                .await
+                .map_err(|e| ClientError::io("cannot write the output", e))?;
+        }
+        match hasher.finish() {
+            Ok(h) if h == *hash => Ok(written),
+            _ => Err(ClientError::Protocol(format!(
+                "the content read for {hash} does not hash to it"
+            ))),
+        }
+    }
+
+    /// Reads an SValue node whole and checks it against its hash.
+    pub async fn read_svalue_node(
+        &self,
+        space: &SpaceId,
+        hash: &Hash,
+    ) -> Result<Bytes, ClientError> {
+        let content = self.read_node(space, hash).await?;
+        let refs = svalue::extract_refs(&content, &SValueLimits::default())
+            .map_err(|e| ClientError::Protocol(format!("node {hash} is not an SValue: {e}")))?;
+        let d = NodeDescriptor::new(ContentType::svalue(), refs, content.len() as u64);
+        match d.hash_of(&content) {
+            Ok(h) if h == *hash => Ok(content),
+            _ => Err(ClientError::Protocol(format!(
+                "node {hash} does not hash to itself"
+            ))),
+        }
+    }
+
+    /// Writes the file stored at `node` to `out`, streaming (one chunk at a time) and checking
+    /// every node read. Returns the bytes written.
+    pub async fn read_file<W: AsyncWrite + Unpin + Send>(
+        &self,
+        space: &SpaceId,
+        node: &Hash,
+        out: &mut W,
+    ) -> Result<u64, ClientError> {
+        let meta = self.read_metadata(space, node).await?;
+        let written = if meta.metadata.content_type == cas_format::SVALUE_CONTENT_TYPE {
+            self.copy_index(space, node, out).await?
+        } else {
+            self.copy_leaf(space, node, out).await?
+        };
+        out.flush()
+            .await
+            .map_err(|e| ClientError::io("cannot write the output", e))?;
+        Ok(written)
+    }
+
+    fn copy_index<'a, W: AsyncWrite + Unpin + Send>(
+        &'a self,
+        space: &'a SpaceId,
+        node: &'a Hash,
+        out: &'a mut W,
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, ClientError>> {
+        Box::pin(async move {
+            let content = self.read_svalue_node(space, node).await?;
+            let index = parse_index(node, &content)?;
+            let mut written = 0u64;
+            for (child, size) in index.entries {
+                let n = if index.depth == 0 {
+                    self.copy_leaf(space, &child, out).await?
+                } else {
+                    self.copy_index(space, &child, out).await?
+                };
+                if n != size {
+                    return Err(ClientError::Protocol(format!(
+                        "chunk {child} holds {n} bytes, its index says {size}"
+                    )));
+                }
+                written += n;
+            }
+            Ok(written)
+        })
+    }
+}

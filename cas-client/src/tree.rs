@@ -1,0 +1,464 @@
+//! Directories as trees of nodes.
+//!
+//! A directory is an SValue node
+//!
+//! ```text
+//! {"kind": "dir", "entries": {
+//!     "<name>": {"kind": "file", "node": SBlob, "size": n, "chunked": bool, "executable": bool},
+//!     "<name>": {"kind": "dir", "node": SBlob},
+//!     "<name>": {"kind": "symlink", "target": "<path>"}}}
+//! ```
+//!
+//! where a file's node is a leaf or a chunked-file index (see [`crate::files`]). A directory
+//! with more than [`TREE_FANOUT`] entries is split, in name order, into parts of at most that
+//! many entries, listed by `{"kind": "dir-parts", "parts": [SBlob, ...]}` (nested again beyond
+//! 256 parts), so any directory respects the 256-ref limit. An unchanged subtree keeps its hash,
+//! so a new version of a tree uploads only what changed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cas_format::{Hash, SpaceId, Value};
+use futures_util::{StreamExt, TryStreamExt};
+
+use crate::client::AppCasClient;
+use crate::dag::{DagReport, Plan, Progress, Uploader};
+use crate::error::ClientError;
+use crate::files::{FileRef, plan_file, svalue_node};
+
+/// Entries of one directory node.
+pub const TREE_FANOUT: usize = 256;
+
+/// One entry of a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    File { file: FileRef, executable: bool },
+    Dir { node: Hash },
+    Symlink { target: String },
+}
+
+fn entry_value(e: &Entry) -> Value {
+    match e {
+        Entry::File { file, executable } => Value::map([
+            ("kind", Value::from("file")),
+            ("node", Value::Blob(file.node)),
+            ("size", Value::from(file.size as i64)),
+            ("chunked", Value::Bool(file.chunked)),
+            ("executable", Value::Bool(*executable)),
+        ]),
+        Entry::Dir { node } => {
+            Value::map([("kind", Value::from("dir")), ("node", Value::Blob(*node))])
+        }
+        Entry::Symlink { target } => Value::map([
+            ("kind", Value::from("symlink")),
+            ("target", Value::from(target.as_str())),
+        ]),
+    }
+}
+
+/// Whether `name` may be a directory entry: a single path component.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\0'])
+}
+
+/// Adds the node(s) of a directory with `entries` to `plan`; returns its hash.
+pub fn plan_entries(
+    plan: &mut Plan,
+    entries: &BTreeMap<String, Entry>,
+) -> Result<Hash, ClientError> {
+    let all: Vec<(&String, &Entry)> = entries.iter().collect();
+    if all.len() <= TREE_FANOUT {
+        let value = Value::map([
+            (
+                "entries",
+                Value::Map(
+                    all.iter()
+                        .map(|(n, e)| ((*n).clone(), entry_value(e)))
+                        .collect(),
+                ),
+            ),
+            ("kind", Value::from("dir")),
+        ]);
+        return plan.add_portable(svalue_node(&value)?);
+    }
+    let mut level: Vec<Hash> = Vec::new();
+    for group in all.chunks(TREE_FANOUT) {
+        let value = Value::map([
+            (
+                "entries",
+                Value::Map(
+                    group
+                        .iter()
+                        .map(|(n, e)| ((*n).clone(), entry_value(e)))
+                        .collect(),
+                ),
+            ),
+            ("kind", Value::from("dir")),
+        ]);
+        level.push(plan.add_portable(svalue_node(&value)?)?);
+    }
+    loop {
+        let mut next = Vec::new();
+        for group in level.chunks(TREE_FANOUT) {
+            let value = Value::map([
+                ("kind", Value::from("dir-parts")),
+                (
+                    "parts",
+                    Value::Array(group.iter().map(|h| Value::Blob(*h)).collect()),
+                ),
+            ]);
+            next.push(plan.add_portable(svalue_node(&value)?)?);
+        }
+        if next.len() == 1 {
+            return Ok(next[0]);
+        }
+        level = next;
+    }
+}
+
+/// Plans the directory at `path` (recursively). Blocking: call it from a blocking thread.
+pub fn plan_dir(plan: &mut Plan, path: &Path) -> Result<Hash, ClientError> {
+    let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
+    let mut entries = BTreeMap::new();
+    for item in std::fs::read_dir(path).map_err(io)? {
+        let item = item.map_err(io)?;
+        let name = item.file_name().into_string().map_err(|n| {
+            ClientError::Invalid(format!("{}: file name {n:?} is not UTF-8", path.display()))
+        })?;
+        if !valid_name(&name) {
+            return Err(ClientError::Invalid(format!(
+                "{}: invalid file name {name:?}",
+                path.display()
+            )));
+        }
+        let child = item.path();
+        let meta = std::fs::symlink_metadata(&child).map_err(io)?;
+        let entry = if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&child).map_err(io)?;
+            let target = target.into_os_string().into_string().map_err(|t| {
+                ClientError::Invalid(format!(
+                    "{}: link target {t:?} is not UTF-8",
+                    child.display()
+                ))
+            })?;
+            Entry::Symlink { target }
+        } else if meta.is_dir() {
+            Entry::Dir {
+                node: plan_dir(plan, &child)?,
+            }
+        } else if meta.is_file() {
+            use std::os::unix::fs::PermissionsExt;
+            Entry::File {
+                file: plan_file(plan, &child)?,
+                executable: meta.permissions().mode() & 0o111 != 0,
+            }
+        } else {
+            return Err(ClientError::Invalid(format!(
+                "{}: not a file, directory or symlink",
+                child.display()
+            )));
+        };
+        entries.insert(name, entry);
+    }
+    plan_entries(plan, &entries)
+}
+
+fn parse_entry(hash: &Hash, name: &str, v: &Value) -> Result<Entry, ClientError> {
+    let bad =
+        |what: &str| ClientError::Protocol(format!("directory {hash}: entry {name:?}: {what}"));
+    match v.get("kind").and_then(Value::as_str) {
+        Some("file") => {
+            let node = v
+                .get("node")
+                .and_then(Value::as_blob)
+                .ok_or_else(|| bad("no node"))?;
+            let size = v
+                .get("size")
+                .and_then(Value::as_i64)
+                .filter(|s| *s >= 0)
+                .ok_or_else(|| bad("no size"))? as u64;
+            let chunked = v.get("chunked").and_then(Value::as_bool).unwrap_or(false);
+            let executable = v
+                .get("executable")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            Ok(Entry::File {
+                file: FileRef {
+                    node,
+                    size,
+                    chunked,
+                },
+                executable,
+            })
+        }
+        Some("dir") => Ok(Entry::Dir {
+            node: v
+                .get("node")
+                .and_then(Value::as_blob)
+                .ok_or_else(|| bad("no node"))?,
+        }),
+        Some("symlink") => Ok(Entry::Symlink {
+            target: v
+                .get("target")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("no target"))?
+                .to_string(),
+        }),
+        other => Err(bad(&format!("unknown kind {other:?}"))),
+    }
+}
+
+impl AppCasClient {
+    /// The entries of the directory node `hash`, its parts merged.
+    pub fn read_dir<'a>(
+        &'a self,
+        space: &'a SpaceId,
+        hash: &'a Hash,
+    ) -> futures_util::future::BoxFuture<'a, Result<BTreeMap<String, Entry>, ClientError>> {
+        Box::pin(async move {
+            let content = self.read_svalue_node(space, hash).await?;
+            let (value, _) = cas_format::svalue::decode(&content)
+                .map_err(|e| ClientError::Protocol(format!("directory {hash}: {e}")))?;
+            match value.get("kind").and_then(Value::as_str) {
+                Some("dir") => {
+                    let entries =
+                        value
+                            .get("entries")
+                            .and_then(Value::as_map)
+                            .ok_or_else(|| {
+                                ClientError::Protocol(format!("directory {hash} has no entries"))
+                            })?;
+                    entries
+                        .iter()
+                        .map(|(name, v)| {
+                            if !valid_name(name) {
+                                return Err(ClientError::Protocol(format!(
+                                    "directory {hash}: invalid name {name:?}"
+                                )));
+                            }
+                            Ok((name.clone(), parse_entry(hash, name, v)?))
+                        })
+                        .collect()
+                }
+                Some("dir-parts") => {
+                    let parts = value
+                        .get("parts")
+                        .and_then(Value::as_array)
+                        .ok_or_else(|| {
+                            ClientError::Protocol(format!("directory {hash} has no parts"))
+                        })?;
+                    let mut merged = BTreeMap::new();
+                    for p in parts {
+                        let p = p.as_blob().ok_or_else(|| {
+                            ClientError::Protocol(format!("directory {hash}: bad part"))
+                        })?;
+                        for (name, e) in self.read_dir(space, &p).await? {
+                            if merged.insert(name.clone(), e).is_some() {
+                                return Err(ClientError::Protocol(format!(
+                                    "directory {hash}: {name:?} twice"
+                                )));
+                            }
+                        }
+                    }
+                    Ok(merged)
+                }
+                other => Err(ClientError::Protocol(format!(
+                    "node {hash} is not a directory (kind {other:?})"
+                ))),
+            }
+        })
+    }
+
+    /// Stores the directory at `dir` as a tree; returns its hash and what was uploaded.
+    pub async fn store_tree(
+        &self,
+        space: &SpaceId,
+        dir: &Path,
+        lease_ms: u64,
+        parallelism: usize,
+        progress: Option<Progress>,
+    ) -> Result<(Hash, DagReport, u64), ClientError> {
+        let dir = dir.to_path_buf();
+        let (plan, root) = tokio::task::spawn_blocking(move || {
+            let mut plan = Plan::default();
+            plan_dir(&mut plan, &dir).map(|root| (plan, root))
+        })
+        .await
+        .map_err(|e| ClientError::Invalid(format!("planning failed: {e}")))??;
+        let mut uploader = Uploader::new(self, space, &plan, lease_ms, parallelism);
+        if let Some(p) = progress {
+            uploader = uploader.with_progress(p);
+        }
+        let report = uploader.run(&[root]).await?;
+        Ok((root, report, plan.bytes()))
+    }
+
+    /// Stores the file at `path`; returns it and what was uploaded.
+    pub async fn store_file(
+        &self,
+        space: &SpaceId,
+        path: &Path,
+        lease_ms: u64,
+        parallelism: usize,
+        progress: Option<Progress>,
+    ) -> Result<(FileRef, DagReport), ClientError> {
+        let path = path.to_path_buf();
+        let (plan, file) = tokio::task::spawn_blocking(move || {
+            let mut plan = Plan::default();
+            plan_file(&mut plan, &path).map(|f| (plan, f))
+        })
+        .await
+        .map_err(|e| ClientError::Invalid(format!("planning failed: {e}")))??;
+        let mut uploader = Uploader::new(self, space, &plan, lease_ms, parallelism);
+        if let Some(p) = progress {
+            uploader = uploader.with_progress(p);
+        }
+        let report = uploader.run(&[file.node]).await?;
+        Ok((file, report))
+    }
+
+    /// Writes the tree `hash` into `dest`, which must not exist or be an empty directory.
+    /// Returns the bytes of file content written.
+    pub async fn materialize_tree(
+        &self,
+        space: &SpaceId,
+        hash: &Hash,
+        dest: &Path,
+        parallelism: usize,
+        progress: Option<Progress>,
+    ) -> Result<u64, ClientError> {
+        match std::fs::read_dir(dest) {
+            Ok(mut it) => {
+                if it.next().is_some() {
+                    return Err(ClientError::Invalid(format!(
+                        "{} is not empty",
+                        dest.display()
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(ClientError::io(
+                    format!("cannot read {}", dest.display()),
+                    e,
+                ));
+            }
+        }
+        let written = Arc::new(AtomicU64::new(0));
+        self.materialize_dir(
+            space,
+            *hash,
+            dest.to_path_buf(),
+            parallelism.max(1),
+            written.clone(),
+            progress,
+        )
+        .await?;
+        Ok(written.load(Ordering::Relaxed))
+    }
+
+    fn materialize_dir(
+        &self,
+        space: &SpaceId,
+        hash: Hash,
+        dest: PathBuf,
+        parallelism: usize,
+        written: Arc<AtomicU64>,
+        progress: Option<Progress>,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), ClientError>> {
+        let space = space.clone();
+        Box::pin(async move {
+            tokio::fs::create_dir_all(&dest)
+                .await
+                .map_err(|e| ClientError::io(format!("cannot create {}", dest.display()), e))?;
+            let entries = self.read_dir(&space, &hash).await?;
+            let mut dirs = Vec::new();
+            let mut files = Vec::new();
+            for (name, entry) in entries {
+                let path = dest.join(&name);
+                match entry {
+                    Entry::Dir { node } => dirs.push((node, path)),
+                    Entry::Symlink { target } => {
+                        tokio::fs::symlink(&target, &path).await.map_err(|e| {
+                            ClientError::io(format!("cannot create {}", path.display()), e)
+                        })?
+                    }
+                    Entry::File { file, executable } => files.push((file, executable, path)),
+                }
+            }
+            futures_util::stream::iter(files)
+                .map(|(file, executable, path)| {
+                    let (space, written, progress) =
+                        (space.clone(), written.clone(), progress.clone());
+                    async move {
+                        let n = self.write_file(&space, &file, executable, &path).await?;
+                        let total = written.fetch_add(n, Ordering::Relaxed) + n;
+                        if let Some(p) = &progress {
+                            p(total, 0);
+                        }
+                        Ok::<(), ClientError>(())
+                    }
+                })
+                .buffer_unordered(parallelism)
+                .try_collect::<Vec<()>>()
+                .await?;
+            for (node, path) in dirs {
+                self.materialize_dir(
+                    &space,
+                    node,
+                    path,
+                    parallelism,
+                    written.clone(),
+                    progress.clone(),
+                )
+                .await?;
+            }
+            Ok(())
+        })
+    }
+
+    async fn write_file(
+        &self,
+        space: &SpaceId,
+        file: &FileRef,
+        executable: bool,
+        path: &Path,
+    ) -> Result<u64, ClientError> {
+        let out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .await
+            .map_err(|e| ClientError::io(format!("cannot create {}", path.display()), e))?;
+        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, out);
+        let n = self.read_file(space, &file.node, &mut out).await?;
+        tokio::io::AsyncWriteExt::flush(&mut out)
+            .await
+            .map_err(|e| ClientError::io(format!("cannot write {}", path.display()), e))?;
+        if n != file.size {
+            return Err(ClientError::Protocol(format!(
+                "{}: {n} bytes, the tree says {}",
+                path.display(),
+                file.size
+            )));
+        }
+        if executable {
+            use std::os::unix::fs::PermissionsExt;
+            let mut perms = tokio::fs::metadata(path)
+                .await
+                .map_err(|e| ClientError::io(format!("cannot stat {}", path.display()), e))?
+                .permissions();
+            perms.set_mode(perms.mode() | 0o111);
+            tokio::fs::set_permissions(path, perms)
+                .await
+                .map_err(|e| ClientError::io(format!("cannot chmod {}", path.display()), e))?;
+        }
+        Ok(n)
+    }
+}
