@@ -23,4 +23,4 @@ pub use error::ClientError;
 pub use files::FileRef;
 pub use store::{EnsureReport, Ensured};
 pub use transfer::{ExportReport, ImportReport};
-pub use tree::Entry;
+pub use tree::{Change, Entry, TreeStats, WalkedEntry};

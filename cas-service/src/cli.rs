@@ -54,6 +54,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Administrators of the admin plane.
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// Run GC passes over one Space until a pass deletes nothing.
     Gc {
         #[arg(long)]
@@ -64,6 +67,29 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         max_nodes: u32,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Print (as the last line) a one-time, short-lived URL that signs the local operator in.
+    LoginLink,
+    /// Create an administrator account that signs in with OpenID Connect by its email.
+    AddAccount {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        name: Option<String>,
+        /// Grant platform administration (every App, creating Apps).
+        #[arg(long)]
+        platform_admin: bool,
+        /// Make the account a member of this App.
+        #[arg(long)]
+        app: Option<AppId>,
+    },
+    /// Block an account: it can no longer sign in, its sessions end.
+    Block { email: String },
+    /// Lift a block.
+    Unblock { email: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -155,6 +181,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig => check_config(config).await,
+        Command::Admin(cmd) => admin(config, cmd).await,
         Command::App(cmd) => app(config, cmd).await,
         Command::Fsck {
             app,
@@ -240,6 +267,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let svc = Service::open(config.with_bound_addr(bound)).await?;
     // Scripts and tests read the address from this line.
     say(format_args!("listening on http://{bound}"));
+    if svc.meta.count_accounts().await? == 0 {
+        // First start: the way in for the local operator, as the last line.
+        say(crate::admin::login_link(&svc).await?);
+    }
     run_service(svc, listener, shutdown).await
 }
 
@@ -288,6 +319,66 @@ async fn check_config(config: Config) -> anyhow::Result<()> {
         bail!("the object store does not answer");
     }
     say("database and object store answer");
+    Ok(())
+}
+
+async fn admin(config: Config, cmd: AdminCommand) -> anyhow::Result<()> {
+    let now = now_ms();
+    match cmd {
+        AdminCommand::LoginLink => {
+            let svc = Service::open(config).await?;
+            say(crate::admin::login_link(&svc).await?);
+        }
+        AdminCommand::AddAccount {
+            email,
+            name,
+            platform_admin,
+            app,
+        } => {
+            let meta = open_meta(&config).await?;
+            let email = email.trim().to_ascii_lowercase();
+            if !email.contains('@') {
+                bail!("--email must be an email address");
+            }
+            let account = match meta.account_by_email(&email).await? {
+                Some(a) => a,
+                None => {
+                    meta.create_account(
+                        &ulid::Ulid::generate().to_string(),
+                        name.as_deref().unwrap_or(&email),
+                        Some(&email),
+                        platform_admin,
+                        now,
+                    )
+                    .await?
+                }
+            };
+            if let Some(app) = app {
+                if meta.get_app(&app).await?.is_none() {
+                    bail!("App {app} does not exist");
+                }
+                meta.add_member(&app, &account.id, now).await?;
+            }
+            say(format_args!("account {} ({email})", account.id));
+        }
+        AdminCommand::Block { email } => set_blocked(&config, &email, true, now).await?,
+        AdminCommand::Unblock { email } => set_blocked(&config, &email, false, now).await?,
+    }
+    Ok(())
+}
+
+async fn set_blocked(config: &Config, email: &str, blocked: bool, now: i64) -> anyhow::Result<()> {
+    let meta = open_meta(config).await?;
+    let account = meta
+        .account_by_email(email)
+        .await?
+        .with_context(|| format!("no account with email {email}"))?;
+    meta.set_account_blocked(&account.id, blocked, now).await?;
+    say(format_args!(
+        "{} account {}",
+        if blocked { "blocked" } else { "unblocked" },
+        account.id
+    ));
     Ok(())
 }
 

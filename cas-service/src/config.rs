@@ -81,6 +81,43 @@ pub struct Config {
     pub sqlite_synchronous: String,
     /// Connections in the database pool.
     pub database_max_connections: u32,
+    /// An admin session ends after this long without a request.
+    pub admin_session_idle_ms: u64,
+    /// An admin session ends this long after sign-in, whatever happens.
+    pub admin_session_max_ms: u64,
+    /// Lifetime of a one-time login link.
+    pub admin_login_link_ttl_ms: u64,
+    /// OpenID Connect providers admins sign in with (`UNICAS_OIDC_PROVIDERS`: a JSON array).
+    pub oidc_providers: Vec<OidcProvider>,
+}
+
+/// An OpenID Connect provider (Google, Microsoft, Keycloak, Dex, …), found by discovery from
+/// its issuer URL. Its redirect URI is `<public_url>/admin/oidc/callback`.
+#[derive(Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcProvider {
+    /// Short name used in URLs: `/admin/login/<name>`.
+    pub name: String,
+    /// Shown on the sign-in page.
+    #[serde(default)]
+    pub display_name: Option<String>,
+    pub issuer: String,
+    pub client_id: String,
+    #[serde(default)]
+    pub client_secret: Option<String>,
+    /// Default `openid email profile`.
+    #[serde(default)]
+    pub scopes: Option<String>,
+}
+
+impl std::fmt::Debug for OidcProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OidcProvider")
+            .field("name", &self.name)
+            .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Config {
@@ -117,6 +154,10 @@ impl Default for Config {
             max_concurrent_validations: 8,
             sqlite_synchronous: "full".into(),
             database_max_connections: 16,
+            admin_session_idle_ms: 30 * 60 * 1000,
+            admin_session_max_ms: 12 * 3600 * 1000,
+            admin_login_link_ttl_ms: 15 * 60 * 1000,
+            oidc_providers: Vec::new(),
         }
     }
 }
@@ -239,6 +280,14 @@ impl Config {
             "DATABASE_MAX_CONNECTIONS",
             &mut self.database_max_connections,
         )?;
+        parse_env("ADMIN_SESSION_IDLE_MS", &mut self.admin_session_idle_ms)?;
+        parse_env("ADMIN_SESSION_MAX_MS", &mut self.admin_session_max_ms)?;
+        parse_env("ADMIN_LOGIN_LINK_TTL_MS", &mut self.admin_login_link_ttl_ms)?;
+        if let Some(v) = env("OIDC_PROVIDERS") {
+            self.oidc_providers = serde_json::from_str(&v).map_err(|e| {
+                anyhow::anyhow!("UNICAS_OIDC_PROVIDERS is not a JSON array of providers: {e}")
+            })?;
+        }
         Ok(())
     }
 
@@ -258,6 +307,22 @@ impl Config {
         }
         if self.max_concurrent_validations == 0 || self.database_max_connections == 0 {
             bail!("max_concurrent_validations and database_max_connections must be positive");
+        }
+        for p in &self.oidc_providers {
+            if p.name.is_empty()
+                || !p
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                bail!(
+                    "OIDC provider name {:?} must be letters, digits, - or _",
+                    p.name
+                );
+            }
+            if !(p.issuer.starts_with("https://") || p.issuer.starts_with("http://")) {
+                bail!("OIDC provider {} has no http(s) issuer URL", p.name);
+            }
         }
         if !(1..=22).contains(&self.compress_level) {
             bail!("compress_level must be 1..=22");

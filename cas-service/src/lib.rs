@@ -15,6 +15,7 @@ use cas_format::AppId;
 use governor::{DefaultKeyedRateLimiter, Quota};
 use tokio_util::sync::CancellationToken;
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod blob;
@@ -56,6 +57,10 @@ pub struct ServiceState {
     pub metrics: Metrics,
     /// Bounds concurrent validations (memory and spool space).
     pub validations: tokio::sync::Semaphore,
+    /// Outbound HTTP (OpenID Connect providers).
+    pub http: reqwest::Client,
+    pub oidc: admin::OidcCache,
+    public_url: String,
     app_limiter: Option<DefaultKeyedRateLimiter<String>>,
 }
 
@@ -90,7 +95,14 @@ impl Service {
             .secret("upload-url")
             .await
             .context("cannot read the upload signing secret")?;
-        let signer = UploadSigner::new(key, config.public_url()?);
+        let public_url = config.public_url()?;
+        let signer = UploadSigner::new(key, public_url.clone());
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .context("cannot build the HTTP client")?;
         let registry = Registry::new(
             meta.clone(),
             Duration::from_millis(config.auth_cache_ms.max(1)),
@@ -109,7 +121,15 @@ impl Service {
             signer,
             metrics: Metrics::default(),
             app_limiter,
+            http,
+            oidc: admin::OidcCache::default(),
+            public_url,
         })))
+    }
+
+    /// The base URL clients reach this service at.
+    pub fn public_url(&self) -> &str {
+        &self.public_url
     }
 
     /// Per-App rate limiting, after authentication.

@@ -7,7 +7,7 @@ use cas_format::wire::{RootRefItem, RootRefPage, RootRefUpdate, RootRefUpdateRes
 use cas_format::{AppId, Hash, SpaceId};
 
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{BalanceCursor, RootRefRejection};
+use crate::meta::{BalanceCursor, RefFilter, RootRefRejection};
 use crate::{Service, now_ms};
 
 /// Most changes in one update.
@@ -43,7 +43,8 @@ pub fn check_changes(changes: &BTreeMap<Hash, i64>) -> ApiResult<Hash> {
     Ok(Hash::digest(&canonical))
 }
 
-fn rejection(r: RootRefRejection) -> ApiError {
+/// The answer to a refused update.
+pub fn rejection(r: RootRefRejection) -> ApiError {
     match r {
         RootRefRejection::IdempotencyConflict => ApiError::conflict(
             "IDEMPOTENCY_CONFLICT",
@@ -144,7 +145,16 @@ impl Service {
         };
         let rows = self
             .meta
-            .balances_at(app, Some(space), revision, after.as_ref(), limit as i64 + 1)
+            .balances_at(
+                app,
+                RefFilter {
+                    space: Some(space),
+                    hash: None,
+                },
+                revision,
+                after.as_ref(),
+                limit as i64 + 1,
+            )
             .await?;
         let more = rows.len() > limit as usize;
         let items: Vec<RootRefItem> = rows

@@ -20,6 +20,7 @@ use cas_client::{AppCasClient, SigningKey};
 use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId, Value};
 
 pub mod fault_proxy;
+pub mod oidc_mock;
 
 /// The metadata database of a test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,6 +426,7 @@ pub struct Server {
     child: Child,
     pub url: String,
     pub stderr_path: PathBuf,
+    printed: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -445,12 +447,15 @@ impl Server {
         let mut child = cmd.spawn().context("cannot start unicas-server")?;
         let stdout = child.stdout.take().context("no stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
+        let printed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = printed.clone();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
                 if let Some(addr) = line.strip_prefix("listening on ") {
                     let _ = tx.send(addr.to_string());
                 }
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         });
         match rx.recv_timeout(Duration::from_secs(60)) {
@@ -458,6 +463,7 @@ impl Server {
                 child,
                 url,
                 stderr_path,
+                printed,
             }),
             Err(_) => {
                 let _ = child.kill();
@@ -465,6 +471,14 @@ impl Server {
                 bail!("unicas-server did not start:\n{log}")
             }
         }
+    }
+
+    /// The lines the server printed on stdout so far.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.printed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The server's process id.

@@ -150,7 +150,10 @@ pub async fn get_node(
         );
     }
     builder
-        .body(Body::from_stream(ReaderStream::new(content.body)))
+        .body(Body::from_stream(ReaderStream::with_capacity(
+            content.body,
+            256 << 10,
+        )))
         .map_err(|e| ApiError::internal("building a response", e))
 }
 

@@ -173,6 +173,7 @@ pub fn router(svc: Service) -> Router {
                 async move { Json(doc.as_ref().clone()) }
             }),
         )
+        .merge(crate::admin::router())
         .fallback(not_found)
         .layer(Extension(extract::JsonLimit(json_limit)))
         .layer(middleware::from_fn_with_state(svc.clone(), count_requests))
@@ -209,6 +210,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Without TCP_NODELAY a small answer written in two parts waits for a delayed ACK (about
+    // 40 ms): ruinous for clients that fetch many small nodes one after another.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),

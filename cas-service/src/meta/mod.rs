@@ -29,6 +29,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::config::Config;
 
+mod admin;
 mod apps;
 mod check;
 mod gc;
@@ -36,13 +37,14 @@ mod nodes;
 mod root_refs;
 mod usage;
 
-pub use apps::{AppRecord, KeyRecord};
+pub use admin::{Account, AuditEntry, LOCAL_OPERATOR, OidcLogin, SessionRecord};
+pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Marked, RetiringGeneration};
 pub use nodes::{
     Evidence, FinalizeOutcome, GenState, Generation, NodeRow, TargetKind, lease_window,
 };
-pub use root_refs::{BalanceCursor, RootRefEvent, RootRefRejection};
+pub use root_refs::{BalanceCursor, RefFilter, RootRefEvent, RootRefRejection};
 pub use usage::UsageDelta;
 
 /// Which database the store talks to.

@@ -39,6 +39,18 @@ pub struct RootRefEvent {
     pub applied_at: i64,
 }
 
+/// Which balances or events to read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RefFilter<'a> {
+    pub space: Option<&'a SpaceId>,
+    pub hash: Option<&'a Hash>,
+}
+
+enum Bind {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
 /// Where a page of balances continues: after (space, hash).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BalanceCursor {
@@ -223,65 +235,60 @@ impl MetaStore {
             .transpose()
     }
 
-    /// Balances as they were at `revision`, ordered by (space, hash), after `cursor`,
-    /// optionally of one Space.
+    /// Balances as they were at `revision`, ordered by (space, hash), after `cursor`, filtered.
     pub async fn balances_at(
         &self,
         app: &AppId,
-        space: Option<&SpaceId>,
+        filter: RefFilter<'_>,
         revision: i64,
         cursor: Option<&BalanceCursor>,
         limit: i64,
     ) -> Result<Vec<(SpaceId, Hash, i64)>, sqlx::Error> {
-        let (after_space, after_hash) = match cursor {
-            Some(c) => (
-                c.space
-                    .as_ref()
-                    .or(space)
-                    .map(|s| s.as_str().to_string())
-                    .unwrap_or_default(),
-                hb(&c.hash),
-            ),
-            None => (String::new(), Vec::new()),
-        };
-        let rows = match space {
-            Some(space) => {
-                sqlx::query(
-                    "SELECT space_id, hash, ref_count FROM root_ref_balances \
-                     WHERE app_id = $1 AND space_id = $2 AND revision_from <= $3 \
-                     AND (revision_to IS NULL OR revision_to > $3) AND hash > $4 \
-                     ORDER BY hash LIMIT $5",
-                )
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(revision)
-                .bind(if cursor.is_some() {
-                    after_hash
-                } else {
-                    Vec::new()
-                })
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?
-            }
-            None => {
-                sqlx::query(
-                    "SELECT space_id, hash, ref_count FROM root_ref_balances \
-                     WHERE app_id = $1 AND revision_from <= $2 \
-                     AND (revision_to IS NULL OR revision_to > $2) \
-                     AND (space_id > $3 OR (space_id = $3 AND hash > $4)) \
-                     ORDER BY space_id, hash LIMIT $5",
-                )
-                .bind(app.as_str())
-                .bind(revision)
-                .bind(after_space)
-                .bind(after_hash)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?
-            }
-        };
-        rows.iter()
+        let mut sql = String::from(
+            "SELECT space_id, hash, ref_count FROM root_ref_balances WHERE app_id = $1 \
+             AND revision_from <= $2 AND (revision_to IS NULL OR revision_to > $2)",
+        );
+        let mut n = 3;
+        let mut binds: Vec<Bind> = Vec::new();
+        if let Some(space) = filter.space {
+            sql.push_str(&format!(" AND space_id = ${n}"));
+            binds.push(Bind::Text(space.as_str().to_string()));
+            n += 1;
+        }
+        if let Some(hash) = filter.hash {
+            sql.push_str(&format!(" AND hash = ${n}"));
+            binds.push(Bind::Bytes(hb(hash)));
+            n += 1;
+        }
+        if let Some(c) = cursor {
+            let space = c
+                .space
+                .as_ref()
+                .or(filter.space)
+                .map(|s| s.as_str().to_string())
+                .unwrap_or_default();
+            sql.push_str(&format!(
+                " AND (space_id > ${n} OR (space_id = ${n} AND hash > ${}))",
+                n + 1
+            ));
+            binds.push(Bind::Text(space));
+            binds.push(Bind::Bytes(hb(&c.hash)));
+            n += 2;
+        }
+        sql.push_str(&format!(" ORDER BY space_id, hash LIMIT ${n}"));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(app.as_str())
+            .bind(revision);
+        for b in binds {
+            q = match b {
+                Bind::Text(t) => q.bind(t),
+                Bind::Bytes(v) => q.bind(v),
+            };
+        }
+        q.bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
             .map(|r| {
                 Ok((
                     id_col(r, "space_id")?,
@@ -292,44 +299,46 @@ impl MetaStore {
             .collect()
     }
 
-    /// Events with `after < revision <= upto`, ascending, optionally of one Space.
+    /// Events with `after < revision <= upto`, ascending, filtered (a hash filter keeps the
+    /// events whose changes name it).
     pub async fn events(
         &self,
         app: &AppId,
-        space: Option<&SpaceId>,
+        filter: RefFilter<'_>,
         after: i64,
         upto: i64,
         limit: i64,
     ) -> Result<Vec<RootRefEvent>, sqlx::Error> {
-        let rows = match space {
-            Some(space) => {
-                sqlx::query(
-                    "SELECT revision, space_id, request_id, changes, actor, applied_at FROM root_ref_events \
-                     WHERE app_id = $1 AND space_id = $2 AND revision > $3 AND revision <= $4 \
-                     ORDER BY revision LIMIT $5",
-                )
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(after)
-                .bind(upto)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?
-            }
-            None => {
-                sqlx::query(
-                    "SELECT revision, space_id, request_id, changes, actor, applied_at FROM root_ref_events \
-                     WHERE app_id = $1 AND revision > $2 AND revision <= $3 ORDER BY revision LIMIT $4",
-                )
-                .bind(app.as_str())
-                .bind(after)
-                .bind(upto)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?
-            }
-        };
-        rows.iter().map(event_from_row).collect()
+        let mut sql = String::from(
+            "SELECT revision, space_id, request_id, changes, actor, applied_at FROM root_ref_events \
+             WHERE app_id = $1 AND revision > $2 AND revision <= $3",
+        );
+        let mut n = 4;
+        let mut binds = Vec::new();
+        if let Some(space) = filter.space {
+            sql.push_str(&format!(" AND space_id = ${n}"));
+            binds.push(space.as_str().to_string());
+            n += 1;
+        }
+        if let Some(hash) = filter.hash {
+            sql.push_str(&format!(" AND changes LIKE ${n}"));
+            binds.push(format!("%\"{hash}\"%"));
+            n += 1;
+        }
+        sql.push_str(&format!(" ORDER BY revision LIMIT ${n}"));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(app.as_str())
+            .bind(after)
+            .bind(upto);
+        for b in binds {
+            q = q.bind(b);
+        }
+        q.bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(event_from_row)
+            .collect()
     }
 
     /// The sum of every event's delta per (space, hash) of an App (for consistency checks).
@@ -340,7 +349,9 @@ impl MetaStore {
         let mut sums: BTreeMap<(String, Hash), i64> = BTreeMap::new();
         let mut after = 0;
         loop {
-            let batch = self.events(app, None, after, i64::MAX, 1000).await?;
+            let batch = self
+                .events(app, RefFilter::default(), after, i64::MAX, 1000)
+                .await?;
             let Some(last) = batch.last() else { break };
             after = last.revision;
             for e in &batch {

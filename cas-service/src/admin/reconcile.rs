@@ -1,0 +1,306 @@
+//! Reconciliation: an administrator supplies the balances a business system intends (with its
+//! source watermark); the service reads its own balances at one revision and returns every
+//! difference with the events that touched that hash. A confirmed repair is applied as normal
+//! signed deltas (one per Space, at most 1000 changes each) with deterministic request ids and
+//! the administrator as actor, then read back at the new revision. The projection is never
+//! edited directly.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cas_format::{AppId, Hash, RequestId, SpaceId};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{ApiError, ApiResult};
+use crate::meta::{BalanceCursor, RefFilter, RootRefEvent};
+use crate::root_refs::{MAX_CHANGES, MAX_DELTA};
+use crate::{Service, now_ms};
+
+/// Most intended balances one comparison takes.
+pub const MAX_INTENDED: usize = 200_000;
+/// Events listed per difference.
+const EVENTS_PER_DIFFERENCE: i64 = 50;
+
+/// One intended balance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Intended {
+    pub space_id: SpaceId,
+    pub hash: Hash,
+    pub count: i64,
+}
+
+/// An event as the admin API shows it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventView {
+    pub revision: i64,
+    pub space_id: String,
+    pub request_id: String,
+    pub changes: serde_json::Value,
+    pub actor: String,
+    pub applied_at: i64,
+}
+
+impl From<RootRefEvent> for EventView {
+    fn from(e: RootRefEvent) -> Self {
+        EventView {
+            revision: e.revision,
+            space_id: e.space_id.into_string(),
+            request_id: e.request_id,
+            changes: serde_json::from_str(&e.changes).unwrap_or(serde_json::Value::Null),
+            actor: e.actor,
+            applied_at: e.applied_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Difference {
+    pub space_id: String,
+    pub hash: Hash,
+    pub intended: i64,
+    pub actual: i64,
+    /// intended − actual: the repair that makes the CAS match.
+    pub delta: i64,
+    pub events: Vec<EventView>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Comparison {
+    pub revision: i64,
+    pub watermark: String,
+    pub compared: usize,
+    pub differences: Vec<Difference>,
+}
+
+/// Parses `spaceId,hash,count` lines (an optional header line, blank lines ignored).
+pub fn parse_csv(text: &str) -> ApiResult<Vec<Intended>> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || (n == 0 && line.to_ascii_lowercase().starts_with("spaceid")) {
+            continue;
+        }
+        let bad = |what: &str| ApiError::invalid(format!("line {}: {what}", n + 1));
+        let mut parts = line.split(',').map(str::trim);
+        let (Some(space), Some(hash), Some(count), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("expected spaceId,hash,count"));
+        };
+        out.push(Intended {
+            space_id: space.parse().map_err(|e| bad(&format!("{e}")))?,
+            hash: hash.parse().map_err(|e| bad(&format!("{e}")))?,
+            count: count.parse().map_err(|_| bad("count is not an integer"))?,
+        });
+        if out.len() > MAX_INTENDED {
+            return Err(ApiError::invalid(format!(
+                "at most {MAX_INTENDED} intended balances per comparison"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+impl Service {
+    /// Every current balance of one Space at `revision`.
+    async fn space_balances(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        revision: i64,
+    ) -> ApiResult<BTreeMap<Hash, i64>> {
+        let mut out = BTreeMap::new();
+        let mut cursor: Option<BalanceCursor> = None;
+        loop {
+            let page = self
+                .meta
+                .balances_at(
+                    app,
+                    RefFilter {
+                        space: Some(space),
+                        hash: None,
+                    },
+                    revision,
+                    cursor.as_ref(),
+                    5000,
+                )
+                .await?;
+            let Some((_, last, _)) = page.last() else {
+                break;
+            };
+            cursor = Some(BalanceCursor {
+                space: Some(space.clone()),
+                hash: *last,
+            });
+            out.extend(page.into_iter().map(|(_, h, c)| (h, c)));
+        }
+        Ok(out)
+    }
+
+    /// Compares intended balances with the CAS's, for the Spaces they name.
+    pub async fn reconcile(
+        &self,
+        app: &AppId,
+        watermark: String,
+        intended: Vec<Intended>,
+    ) -> ApiResult<Comparison> {
+        if intended.len() > MAX_INTENDED {
+            return Err(ApiError::invalid(format!(
+                "at most {MAX_INTENDED} intended balances per comparison"
+            )));
+        }
+        let mut wanted: BTreeMap<(SpaceId, Hash), i64> = BTreeMap::new();
+        for i in &intended {
+            if i.count < 0 {
+                return Err(ApiError::invalid(format!(
+                    "the intended count of {} is negative",
+                    i.hash
+                )));
+            }
+            if wanted
+                .insert((i.space_id.clone(), i.hash), i.count)
+                .is_some()
+            {
+                return Err(ApiError::invalid(format!(
+                    "{}/{} is given twice",
+                    i.space_id, i.hash
+                )));
+            }
+        }
+        let revision = self.meta.app_revision(app).await?.unwrap_or(0);
+        let spaces: BTreeSet<SpaceId> = wanted.keys().map(|(s, _)| s.clone()).collect();
+        let mut differences = Vec::new();
+        for space in &spaces {
+            let actual = self.space_balances(app, space, revision).await?;
+            let hashes: BTreeSet<Hash> = actual
+                .keys()
+                .copied()
+                .chain(wanted.keys().filter(|(s, _)| s == space).map(|(_, h)| *h))
+                .collect();
+            for hash in hashes {
+                let a = actual.get(&hash).copied().unwrap_or(0);
+                let w = wanted.get(&(space.clone(), hash)).copied().unwrap_or(0);
+                if a == w {
+                    continue;
+                }
+                let events = self
+                    .meta
+                    .events(
+                        app,
+                        RefFilter {
+                            space: Some(space),
+                            hash: Some(&hash),
+                        },
+                        0,
+                        revision,
+                        EVENTS_PER_DIFFERENCE,
+                    )
+                    .await?
+                    .into_iter()
+                    .map(EventView::from)
+                    .collect();
+                differences.push(Difference {
+                    space_id: space.as_str().to_string(),
+                    hash,
+                    intended: w,
+                    actual: a,
+                    delta: w - a,
+                    events,
+                });
+            }
+        }
+        Ok(Comparison {
+            revision,
+            watermark,
+            compared: wanted.len(),
+            differences,
+        })
+    }
+
+    /// Applies repairs as signed deltas with deterministic request ids; returns the updates and
+    /// the repaired balances read back at the new revision.
+    pub async fn apply_repairs(
+        &self,
+        app: &AppId,
+        watermark: &str,
+        repairs: &[(SpaceId, Hash, i64)],
+        actor: &str,
+    ) -> ApiResult<(i64, Vec<serde_json::Value>, Vec<(SpaceId, Hash, i64)>)> {
+        if repairs.is_empty() {
+            return Err(ApiError::invalid("no repairs given"));
+        }
+        let mut by_space: BTreeMap<SpaceId, BTreeMap<Hash, i64>> = BTreeMap::new();
+        for (space, hash, delta) in repairs {
+            if *delta == 0 || delta.unsigned_abs() > MAX_DELTA as u64 {
+                return Err(ApiError::invalid(format!(
+                    "the repair of {hash} must be non-zero and within ±{MAX_DELTA}"
+                )));
+            }
+            if by_space
+                .entry(space.clone())
+                .or_default()
+                .insert(*hash, *delta)
+                .is_some()
+            {
+                return Err(ApiError::invalid(format!(
+                    "{space}/{hash} is repaired twice"
+                )));
+            }
+        }
+        let watermark_id: String = Sha256::digest(watermark.as_bytes())[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut updates = Vec::new();
+        for (space, changes) in &by_space {
+            let all: Vec<(Hash, i64)> = changes.iter().map(|(h, d)| (*h, *d)).collect();
+            for (part, chunk) in all.chunks(MAX_CHANGES).enumerate() {
+                let chunk: BTreeMap<Hash, i64> = chunk.iter().copied().collect();
+                let digest: String = Sha256::digest(serde_json::to_vec(&chunk).unwrap_or_default())
+                    [..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                let request_id: RequestId =
+                    format!("admin-repair:{watermark_id}:{space}:{part}:{digest}")
+                        .parse()
+                        .map_err(|e| ApiError::internal("building a request id", e))?;
+                let payload = crate::root_refs::check_changes(&chunk)?;
+                let mut p = self.meta.gate(app, space).await?;
+                let result = p
+                    .update_root_refs(&request_id, &chunk, &payload, actor, now_ms())
+                    .await?;
+                let (revision, idempotent) = result.map_err(crate::root_refs::rejection)?;
+                p.commit().await?;
+                updates.push(serde_json::json!({
+                    "spaceId": space, "requestId": request_id, "revision": revision, "idempotent": idempotent,
+                }));
+            }
+        }
+        let revision = self.meta.app_revision(app).await?.unwrap_or(0);
+        let mut balances = Vec::new();
+        for (space, changes) in &by_space {
+            for hash in changes.keys() {
+                let row = self
+                    .meta
+                    .balances_at(
+                        app,
+                        RefFilter {
+                            space: Some(space),
+                            hash: Some(hash),
+                        },
+                        revision,
+                        None,
+                        1,
+                    )
+                    .await?;
+                balances.push((space.clone(), *hash, row.first().map_or(0, |(_, _, c)| *c)));
+            }
+        }
+        Ok((revision, updates, balances))
+    }
+}

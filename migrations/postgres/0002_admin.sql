@@ -1,0 +1,65 @@
+-- The admin plane: accounts and their external identities, App members, server-side sessions,
+-- one-time login links, pending OIDC logins, and the audit of admin actions.
+
+CREATE TABLE accounts (
+    account_id TEXT PRIMARY KEY,
+    display_name TEXT NOT NULL,
+    email TEXT,
+    platform_admin BIGINT NOT NULL DEFAULT 0,
+    blocked_at BIGINT,
+    created_at BIGINT NOT NULL
+);
+CREATE UNIQUE INDEX accounts_email ON accounts (email) WHERE email IS NOT NULL;
+
+-- An external identity (provider, subject) resolves to exactly one account.
+CREATE TABLE external_identities (
+    provider TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    account_id TEXT NOT NULL REFERENCES accounts (account_id),
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (provider, subject)
+);
+
+CREATE TABLE app_members (
+    app_id TEXT NOT NULL REFERENCES apps (app_id),
+    account_id TEXT NOT NULL REFERENCES accounts (account_id),
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (app_id, account_id)
+);
+
+-- Only a hash of the session secret is stored.
+CREATE TABLE admin_sessions (
+    session_hash BYTEA PRIMARY KEY,
+    account_id TEXT NOT NULL REFERENCES accounts (account_id),
+    csrf_token TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    last_seen_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+
+CREATE TABLE login_links (
+    link_hash BYTEA PRIMARY KEY,
+    account_id TEXT NOT NULL REFERENCES accounts (account_id),
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    used_at BIGINT
+);
+
+CREATE TABLE oidc_logins (
+    state TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    nonce TEXT NOT NULL,
+    pkce_verifier TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+
+CREATE TABLE admin_audit (
+    audit_id TEXT PRIMARY KEY,
+    at BIGINT NOT NULL,
+    account_id TEXT NOT NULL,
+    action TEXT NOT NULL,
+    app_id TEXT,
+    detail TEXT NOT NULL
+);
+CREATE INDEX admin_audit_app ON admin_audit (app_id, audit_id);
