@@ -22,7 +22,7 @@ pub mod blob;
 pub mod cli;
 pub mod config;
 pub mod error;
-mod failpoint;
+pub mod failpoint;
 pub mod fsck;
 pub mod gc;
 mod lease;

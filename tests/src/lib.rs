@@ -20,6 +20,7 @@ use cas_client::{AppCasClient, SigningKey};
 use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId, Value};
 
 pub mod fault_proxy;
+pub mod hub;
 pub mod oidc_mock;
 
 /// The metadata database of a test.

@@ -1,0 +1,299 @@
+//! `unicas-hub`: serve (embedding the CAS service unless `UNICAS_HUB_CAS_URL` names one),
+//! migrate, and operator commands on the hub database.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{AuthMode, HubConfig};
+use crate::{Hub, keys, run_hub};
+
+/// The UniCAS notebook hub.
+#[derive(Debug, Parser)]
+#[command(name = "unicas-hub", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply pending migrations and serve the hub (and, unless UNICAS_HUB_CAS_URL is set, the CAS
+    /// service with its admin UI on its own listener) until SIGINT or SIGTERM.
+    Serve,
+    /// Apply pending hub migrations and exit.
+    Migrate,
+    /// Users of the hub.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Personal access tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Print the public key of the hub's signing key (to register it with a separate CAS:
+    /// `unicas-server app add-key hub --kid hub-1 --alg EdDSA --public-key FILE`).
+    PublicKey,
+}
+
+#[derive(Debug, Subcommand)]
+enum UserCommand {
+    /// Create a user.
+    Create {
+        id: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        email: Option<String>,
+        /// Admin on every project.
+        #[arg(long)]
+        super_admin: bool,
+    },
+    /// Refuse the user's tokens.
+    Suspend { id: String },
+    /// Lift a suspension.
+    Resume { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a personal access token for a user and print it (the only time it is shown).
+    Create {
+        #[arg(long)]
+        user: String,
+        #[arg(long, default_value = "cli")]
+        name: String,
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("UNICAS_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("unicas-hub: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("unicas-hub: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn say(line: impl std::fmt::Display) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = HubConfig::from_env()?;
+    match cli.command {
+        Command::Serve => serve(config).await,
+        Command::Migrate => {
+            let hub = Hub::open(config, None).await?;
+            hub.close().await;
+            say("hub migrations applied");
+            Ok(())
+        }
+        Command::PublicKey => {
+            let pem =
+                keys::load_or_create(&config.signing_key_path(), config.signing_key.is_none())?;
+            print!("{}", keys::ed25519_public_pem(&pem)?);
+            Ok(())
+        }
+        Command::User(cmd) => {
+            let hub = Hub::open(config, None).await?;
+            let r = user(&hub, cmd).await;
+            hub.close().await;
+            r
+        }
+        Command::Token(TokenCommand::Create {
+            user,
+            name,
+            expires_in_days,
+        }) => {
+            let hub = Hub::open(config, None).await?;
+            let r = hub
+                .create_token(
+                    &user,
+                    &name,
+                    expires_in_days.map(|d| i64::from(d) * 86_400_000),
+                )
+                .await;
+            hub.close().await;
+            let (token, _) = r.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            say(token);
+            Ok(())
+        }
+    }
+}
+
+async fn user(hub: &Hub, cmd: UserCommand) -> anyhow::Result<()> {
+    let err = |e: crate::error::HubError| anyhow::anyhow!("{}", e.message);
+    match cmd {
+        UserCommand::Create {
+            id,
+            name,
+            email,
+            super_admin,
+        } => {
+            let name = name.unwrap_or_else(|| id.clone());
+            if hub
+                .create_user(&id, &name, email.as_deref(), super_admin)
+                .await
+                .map_err(err)?
+            {
+                say(format_args!("created user {id}"));
+            } else {
+                anyhow::bail!("user {id} already exists");
+            }
+        }
+        UserCommand::Suspend { id } => {
+            if !hub.set_suspended(&id, true).await.map_err(err)? {
+                anyhow::bail!("no user {id}");
+            }
+            say(format_args!("suspended user {id}"));
+        }
+        UserCommand::Resume { id } => {
+            if !hub.set_suspended(&id, false).await.map_err(err)? {
+                anyhow::bail!("no user {id}");
+            }
+            say(format_args!("resumed user {id}"));
+        }
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Registers the hub's App and key in the embedded CAS if they are missing.
+async fn register_app(svc: &cas_service::Service, config: &HubConfig) -> anyhow::Result<()> {
+    let app: cas_format::AppId = config
+        .app
+        .parse()
+        .map_err(|e| anyhow::anyhow!("bad App id: {e}"))?;
+    let now = cas_service::now_ms();
+    if svc.meta.get_app(&app).await?.is_none() {
+        svc.meta
+            .create_app(&app, &config.issuer, now)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot create the hub's App: {e}"))?;
+        tracing::info!(app = %app, "created the hub's App in the CAS");
+    }
+    let keys = svc.meta.list_keys(Some(&app)).await?;
+    if !keys.iter().any(|k| k.kid == config.kid) {
+        let pem = keys::load_or_create(&config.signing_key_path(), config.signing_key.is_none())?;
+        let public = keys::ed25519_public_pem(&pem)?;
+        svc.meta
+            .add_key(&app, &config.kid, "EdDSA", &public, now)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot register the hub's key: {e}"))?;
+        tracing::info!(kid = %config.kid, "registered the hub's key in the CAS");
+    }
+    Ok(())
+}
+
+async fn serve(config: HubConfig) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        signal.cancel();
+    });
+    let hub_addr = config.listen_addr()?;
+    let hub_listener = tokio::net::TcpListener::bind(hub_addr)
+        .await
+        .with_context(|| format!("cannot listen on {hub_addr}"))?;
+    let hub_bound = hub_listener.local_addr()?;
+
+    // The CAS: a separate service, or embedded with its own listener and public URL.
+    let mut lines = Vec::new();
+    let (cas_url, cas_task) = match &config.cas_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let cas_config = cas_service::config::Config::load(None)?;
+            let addr = cas_config.listen_addr()?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (the embedded CAS)"))?;
+            let bound = listener.local_addr()?;
+            let svc = cas_service::Service::open(cas_config.with_bound_addr(bound)).await?;
+            register_app(&svc, &config).await?;
+            lines.push(format!("cas listening on http://{bound}"));
+            lines.push(format!("admin UI at {}/admin/ui/", svc.public_url()));
+            if svc.meta.count_accounts().await? == 0 {
+                lines.push(format!(
+                    "admin login link: {}",
+                    cas_service::admin::login_link(&svc).await?
+                ));
+            }
+            let url = svc.public_url().to_string();
+            let stop = shutdown.child_token();
+            let task =
+                tokio::spawn(async move { cas_service::run_service(svc, listener, stop).await });
+            (url, Some(task))
+        }
+    };
+    let hub = Hub::open(config.clone(), Some(&cas_url)).await?;
+    hub.start().await?;
+    say(format_args!("hub listening on http://{hub_bound}"));
+    for l in lines {
+        say(l);
+    }
+    if config.auth == AuthMode::Token {
+        let users: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM hub_users")
+            .fetch_one(&hub.db.pool)
+            .await?;
+        if users == 0 {
+            hub.create_user("admin", "Administrator", None, true)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            let (token, _) = hub
+                .create_token("admin", "first start", None)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            say(format_args!("admin token: {token}"));
+        }
+    }
+    let result = run_hub(hub, hub_listener, shutdown.clone()).await;
+    shutdown.cancel();
+    if let Some(t) = cas_task {
+        match t.await {
+            Ok(r) => r?,
+            Err(e) => anyhow::bail!("the embedded CAS failed: {e}"),
+        }
+    }
+    result
+}

@@ -1,0 +1,4 @@
+//! `unicas-hub`: see `hub::cli`.
+fn main() -> std::process::ExitCode {
+    hub::cli::main()
+}
