@@ -272,6 +272,7 @@ impl Hub {
                 return Ok(Sent::Refused(e));
             }
         }
+        crate::failpoint::hit("hub-before-root-refs").await?;
         match self
             .cas
             .update_root_refs(&p.space, &request_id, p.changes.clone())

@@ -6,7 +6,11 @@ use std::process::Command;
 use tests::*;
 
 fn quickstart_block(readme: &str) -> String {
-    let start = readme.find("<!-- quickstart").expect("quickstart marker");
+    block(readme, "<!-- quickstart")
+}
+
+fn block(readme: &str, marker: &str) -> String {
+    let start = readme.find(marker).expect("quickstart marker");
     let rest = &readme[start..];
     let body = rest.split_once("```sh\n").expect("sh block").1;
     body.split_once("```").expect("end of block").0.to_string()
@@ -47,6 +51,38 @@ async fn readme_curl_walkthrough_works_as_written() -> anyhow::Result<()> {
         "hello, unicas",
         "\"success\":true",
         "\"nodeCount\":1",
+    ] {
+        assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn readme_hub_walkthrough_works_as_written() -> anyhow::Result<()> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
+    let script = block(&readme, "<!-- hub-quickstart");
+    let mut env = tests::hub::HubEnv::new(Backend::SQLITE_FS).await?;
+    env.set("UNICAS_HUB_AUTH", "none");
+    let hub = env.start()?;
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(env.env.dir.path())
+        .env("UNICAS_HUB", &hub.url)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the hub walkthrough failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "\"revision\":2",
+        "\"code\":\"workspace_conflict\"",
+        "\"actual_revision\":2",
+        "print(1)",
+        "\"readyStoredBytes\"",
+        "\"logicalBytes\":18",
     ] {
         assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
     }
