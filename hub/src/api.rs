@@ -927,7 +927,7 @@ async fn save(
 }
 
 /// One file of the workspace at a revision (viewer), streamed.
-#[utoipa::path(get, path = "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/{path}", tag = "notebooks",
+#[utoipa::path(get, path = "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/{*path}", tag = "notebooks",
     params(("pid" = String, Path), ("nid" = String, Path), ("path" = String, Path), RevisionQuery),
     responses((status = 200, description = "The file", content_type = "application/octet-stream"), (status = 404, body = ErrorEnvelope), (status = 410, body = ErrorEnvelope)),
     security(("token" = [])))]
@@ -996,7 +996,7 @@ async fn get_version(
 }
 
 /// One file of a version (viewer), streamed. 410 if the version was pruned.
-#[utoipa::path(get, path = "/api/v1/projects/{pid}/notebooks/{nid}/versions/{vid}/files/{path}", tag = "notebooks",
+#[utoipa::path(get, path = "/api/v1/projects/{pid}/notebooks/{nid}/versions/{vid}/files/{*path}", tag = "notebooks",
     params(("pid" = String, Path), ("nid" = String, Path), ("vid" = String, Path), ("path" = String, Path)),
     responses((status = 200, description = "The file", content_type = "application/octet-stream"), (status = 404, body = ErrorEnvelope), (status = 410, body = ErrorEnvelope)),
     security(("token" = [])))]
@@ -1242,6 +1242,12 @@ pub fn router(hub: Hub) -> Router {
         .layer(DefaultBodyLimit::disable())
         .split_for_parts();
     doc.merge(stream_doc);
+    // Routing needs `{*path}` for paths with slashes; OpenAPI spells it `{path}`.
+    let paths = std::mem::take(&mut doc.paths.paths);
+    doc.paths.paths = paths
+        .into_iter()
+        .map(|(k, v)| (k.replace("{*", "{"), v))
+        .collect();
     let doc = std::sync::Arc::new(doc);
     let docs = Router::new()
         .route("/api/v1/doc", get(openapi))

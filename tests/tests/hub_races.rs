@@ -38,7 +38,9 @@ async fn balances(cas: &AppCasClient, pid: &str) -> anyhow::Result<BTreeMap<Hash
     let mut out = BTreeMap::new();
     let mut cursor = None;
     loop {
-        let page = cas.list_root_refs(&space(pid), 200, cursor.as_deref()).await?;
+        let page = cas
+            .list_root_refs(&space(pid), 200, cursor.as_deref())
+            .await?;
         for i in page.items {
             out.insert(i.hash, i.ref_count);
         }
@@ -59,7 +61,9 @@ async fn versions(c: &HubClient, pid: &str, nid: &str) -> anyhow::Result<Vec<Val
             None => "?limit=1000".into(),
         };
         let (s, v) = c
-            .get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions{q}"))
+            .get(&format!(
+                "/api/v1/projects/{pid}/notebooks/{nid}/versions{q}"
+            ))
             .await?;
         ensure!(s == StatusCode::OK, "versions: {s} {v}");
         all.extend(v["data"]["items"].as_array().cloned().unwrap_or_default());
@@ -119,7 +123,9 @@ async fn concurrent_savers(b: Backend) -> anyhow::Result<()> {
     let server = env.start()?;
     let c = server.client(Some(&token));
     let pid = c.project("races").await?;
-    let nid = c.notebook(&pid, "shared", &[("notebook.py", "v0\n")]).await?;
+    let nid = c
+        .notebook(&pid, "shared", &[("notebook.py", "v0\n")])
+        .await?;
     let mut expected_rev = 1;
     let mut branches = Vec::new();
     for round in 0..6 {
@@ -131,7 +137,13 @@ async fn concurrent_savers(b: Backend) -> anyhow::Result<()> {
             tasks.push(tokio::spawn(async move {
                 let content = format!("round {round} saver {i}\n");
                 let r = c
-                    .save(&pid, &nid, Some(expected_rev), &[("notebook.py", &content)], &[])
+                    .save(
+                        &pid,
+                        &nid,
+                        Some(expected_rev),
+                        &[("notebook.py", &content)],
+                        &[],
+                    )
                     .await;
                 (i, content, r)
             }));
@@ -156,7 +168,10 @@ async fn concurrent_savers(b: Backend) -> anyhow::Result<()> {
                         .await?;
                     ensure!(s == StatusCode::CREATED, "branch: {s} {b}");
                     branches.push((
-                        b["data"]["notebook"]["id"].as_str().context("id")?.to_string(),
+                        b["data"]["notebook"]["id"]
+                            .as_str()
+                            .context("id")?
+                            .to_string(),
                         content,
                     ));
                 }
@@ -195,7 +210,10 @@ async fn concurrent_savers(b: Backend) -> anyhow::Result<()> {
                 "/api/v1/projects/{pid}/notebooks/{bid}/workspace/files/notebook.py"
             ))
             .await?;
-        ensure!(s == StatusCode::OK && body == content.as_bytes(), "branch {bid}");
+        ensure!(
+            s == StatusCode::OK && body == content.as_bytes(),
+            "branch {bid}"
+        );
     }
     let cas = hub_cas(&env, server.cas_url.as_deref().context("embedded CAS")?)?;
     let mut all = vec![nid.clone()];
@@ -213,107 +231,131 @@ fn concurrent_savers_postgres_fs() {
     run(concurrent_savers(Backend::POSTGRES_FS));
 }
 
-/// Two hub processes over one Postgres and one CAS: savers on both, racing on one notebook,
+/// Two hub processes over one hub database and one CAS (Postgres: advisory locks; SQLite: one
+/// host, lock files in the shared data directory): savers on both, racing on one notebook,
 /// each retrying on conflict. Every acknowledged save is a distinct revision, the head is the
 /// last, and the CAS holds exactly one root ref per kept version.
 #[test]
 fn two_hub_processes_over_one_postgres() {
-    run(async {
-        let mut env = HubEnv::new(Backend::POSTGRES_FS).await?;
-        // One CAS service for both hubs, registered with the hub's key.
-        let cas_env = &env.env;
-        let cas = cas_env.start()?;
-        let public = env.cli(&["public-key"])?;
-        let pub_path = env.env.dir.path().join("hub.pub.pem");
-        std::fs::write(&pub_path, public)?;
-        env.env.cli(&["app", "create", "hub", "--issuer", "urn:unicas:hub"])?;
-        env.env.cli(&[
-            "app",
-            "add-key",
-            "hub",
-            "--kid",
-            "hub-1",
-            "--alg",
-            "EdDSA",
-            "--public-key",
-            pub_path.to_str().context("path")?,
-        ])?;
-        env.set("UNICAS_HUB_CAS_URL", &cas.url);
-        env.set("UNICAS_HUB_WORKSPACE_WAIT_MS", "20000");
-        let token = env.user("alice")?;
-        let h1 = env.start()?;
-        let h2 = env.start()?;
-        ensure!(h1.cas_url.is_none() && h2.cas_url.is_none(), "the hubs embed no CAS");
-        let (c1, c2) = (h1.client(Some(&token)), h2.client(Some(&token)));
-        let pid = c1.project("two").await?;
-        let nid = c1.notebook(&pid, "shared", &[("n.py", "0\n")]).await?;
-        // The second process sees the first one's catalog at once.
-        let (s, v) = c2.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}")).await?;
-        ensure!(s == StatusCode::OK, "{s} {v}");
+    run(two_hub_processes(Backend::POSTGRES_FS));
+}
 
-        let per_writer = 8;
-        let mut tasks = Vec::new();
-        for (w, c) in [c1.clone(), c2.clone(), c1.clone(), c2.clone()].into_iter().enumerate() {
-            let (pid, nid) = (pid.clone(), nid.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut acked = Vec::new();
-                let mut conflicts = 0;
-                for i in 0..per_writer {
-                    loop {
-                        let h = head(&c, &pid, &nid).await?;
-                        let content = format!("writer {w} save {i}\n");
-                        let (s, v) = c
-                            .save(&pid, &nid, h, &[(&format!("w{w}.txt"), &content)], &[])
-                            .await?;
-                        match s {
-                            StatusCode::CREATED => {
-                                acked.push(v["data"]["revision"].as_i64().context("rev")?);
-                                break;
-                            }
-                            StatusCode::CONFLICT => conflicts += 1,
-                            other => bail!("writer {w}: {other} {v}"),
+#[test]
+fn two_hub_processes_over_one_sqlite_file() {
+    run(two_hub_processes(Backend::SQLITE_FS));
+}
+
+async fn two_hub_processes(b: Backend) -> anyhow::Result<()> {
+    let mut env = HubEnv::new(b).await?;
+    // One CAS service for both hubs, registered with the hub's key.
+    let cas_env = &env.env;
+    let cas = cas_env.start()?;
+    let public = env.cli(&["public-key"])?;
+    let pub_path = env.env.dir.path().join("hub.pub.pem");
+    std::fs::write(&pub_path, public)?;
+    env.env
+        .cli(&["app", "create", "hub", "--issuer", "urn:unicas:hub"])?;
+    env.env.cli(&[
+        "app",
+        "add-key",
+        "hub",
+        "--kid",
+        "hub-1",
+        "--alg",
+        "EdDSA",
+        "--public-key",
+        pub_path.to_str().context("path")?,
+    ])?;
+    env.set("UNICAS_HUB_CAS_URL", &cas.url);
+    env.set("UNICAS_HUB_WORKSPACE_WAIT_MS", "20000");
+    let token = env.user("alice")?;
+    let h1 = env.start()?;
+    let h2 = env.start()?;
+    ensure!(
+        h1.cas_url.is_none() && h2.cas_url.is_none(),
+        "the hubs embed no CAS"
+    );
+    let (c1, c2) = (h1.client(Some(&token)), h2.client(Some(&token)));
+    let pid = c1.project("two").await?;
+    let nid = c1.notebook(&pid, "shared", &[("n.py", "0\n")]).await?;
+    // The second process sees the first one's catalog at once.
+    let (s, v) = c2
+        .get(&format!("/api/v1/projects/{pid}/notebooks/{nid}"))
+        .await?;
+    ensure!(s == StatusCode::OK, "{s} {v}");
+
+    let per_writer = 8;
+    let mut tasks = Vec::new();
+    for (w, c) in [c1.clone(), c2.clone(), c1.clone(), c2.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        let (pid, nid) = (pid.clone(), nid.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut conflicts = 0;
+            for i in 0..per_writer {
+                loop {
+                    let h = head(&c, &pid, &nid).await?;
+                    let content = format!("writer {w} save {i}\n");
+                    let (s, v) = c
+                        .save(&pid, &nid, h, &[(&format!("w{w}.txt"), &content)], &[])
+                        .await?;
+                    match s {
+                        StatusCode::CREATED => {
+                            acked.push(v["data"]["revision"].as_i64().context("rev")?);
+                            break;
                         }
+                        StatusCode::CONFLICT => conflicts += 1,
+                        other => bail!("writer {w}: {other} {v}"),
                     }
                 }
-                Ok::<_, anyhow::Error>((acked, conflicts))
-            }));
-        }
-        let mut acked = Vec::new();
-        let mut conflicts = 0;
-        for t in tasks {
-            let (a, c) = t.await??;
-            acked.extend(a);
-            conflicts += c;
-        }
-        let distinct: BTreeSet<i64> = acked.iter().copied().collect();
-        ensure!(distinct.len() == acked.len(), "a revision was acknowledged twice: {acked:?}");
-        ensure!(acked.len() == 4 * per_writer, "{}", acked.len());
-        let last = *distinct.iter().next_back().context("none")?;
-        ensure!(head(&c1, &pid, &nid).await? == Some(last));
-        ensure!(head(&c2, &pid, &nid).await? == Some(last));
-        let all = versions(&c2, &pid, &nid).await?;
-        ensure!(all.len() == 1 + acked.len(), "{} versions", all.len());
-        // Each writer's last file holds its last save: nothing acknowledged was lost.
-        for w in 0..4 {
-            let (s, body) = c1
-                .get_bytes(&format!(
-                    "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/w{w}.txt"
-                ))
-                .await?;
-            ensure!(
-                s == StatusCode::OK && body == format!("writer {w} save {}\n", per_writer - 1).as_bytes(),
-                "writer {w}: {s} {body:?}"
-            );
-        }
-        let hub_client = hub_cas(&env, &cas.url)?;
-        check_retention(&c1, &hub_client, &pid, std::slice::from_ref(&nid)).await?;
-        eprintln!("{} saves through two processes, {conflicts} conflicts retried", acked.len());
-        // A writer held up in one process makes the other answer 503 workspace_busy, and write
-        // nothing; covered for one process in `killed_between_root_refs_and_commit`.
-        drop((h1, h2));
-        drop(cas);
-        Ok(())
-    });
+            }
+            Ok::<_, anyhow::Error>((acked, conflicts))
+        }));
+    }
+    let mut acked = Vec::new();
+    let mut conflicts = 0;
+    for t in tasks {
+        let (a, c) = t.await??;
+        acked.extend(a);
+        conflicts += c;
+    }
+    let distinct: BTreeSet<i64> = acked.iter().copied().collect();
+    ensure!(
+        distinct.len() == acked.len(),
+        "a revision was acknowledged twice: {acked:?}"
+    );
+    ensure!(acked.len() == 4 * per_writer, "{}", acked.len());
+    let last = *distinct.iter().next_back().context("none")?;
+    ensure!(head(&c1, &pid, &nid).await? == Some(last));
+    ensure!(head(&c2, &pid, &nid).await? == Some(last));
+    let all = versions(&c2, &pid, &nid).await?;
+    ensure!(all.len() == 1 + acked.len(), "{} versions", all.len());
+    // Each writer's last file holds its last save: nothing acknowledged was lost.
+    for w in 0..4 {
+        let (s, body) = c1
+            .get_bytes(&format!(
+                "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/w{w}.txt"
+            ))
+            .await?;
+        ensure!(
+            s == StatusCode::OK
+                && body == format!("writer {w} save {}\n", per_writer - 1).as_bytes(),
+            "writer {w}: {s} {body:?}"
+        );
+    }
+    let hub_client = hub_cas(&env, &cas.url)?;
+    check_retention(&c1, &hub_client, &pid, std::slice::from_ref(&nid)).await?;
+    eprintln!(
+        "{} saves through two processes, {conflicts} conflicts retried",
+        acked.len()
+    );
+    // A writer held up in one process makes the other answer 503 workspace_busy, and write
+    // nothing; covered for one process in `killed_between_root_refs_and_commit`.
+    drop((h1, h2));
+    drop(cas);
+    Ok(())
 }
 
 async fn start_paused(env: &HubEnv, failpoint: &str) -> anyhow::Result<HubServer> {
@@ -342,10 +384,16 @@ async fn killed_between_root_refs_and_commit(b: Backend) -> anyhow::Result<()> {
     let content = "lost ack\n";
     let saver = {
         let (c, pid, nid) = (c.clone(), pid.clone(), nid.clone());
-        tokio::spawn(async move { c.save(&pid, &nid, Some(1), &[("a.txt", content)], &[]).await })
+        tokio::spawn(async move {
+            c.save(&pid, &nid, Some(1), &[("a.txt", content)], &[])
+                .await
+        })
     };
     server
-        .wait_for_log(&format!("failpoint {failpoint} reached"), Duration::from_secs(30))
+        .wait_for_log(
+            &format!("failpoint {failpoint} reached"),
+            Duration::from_secs(30),
+        )
         .await?;
     // The paused writer holds the workspace: another writer is turned away, unharmed.
     let (s, v) = c.save(&pid, &nid, Some(1), &[("b.txt", "x")], &[]).await?;
@@ -377,7 +425,10 @@ async fn killed_between_root_refs_and_commit(b: Backend) -> anyhow::Result<()> {
             "/api/v1/projects/{pid}/notebooks/{nid}/versions/{vid}/files/a.txt"
         ))
         .await?;
-    ensure!(s == StatusCode::OK && body == content.as_bytes(), "{s} {body:?}");
+    ensure!(
+        s == StatusCode::OK && body == content.as_bytes(),
+        "{s} {body:?}"
+    );
     // The busy writer wrote nothing.
     let (s, _) = c
         .get(&format!(
@@ -388,7 +439,9 @@ async fn killed_between_root_refs_and_commit(b: Backend) -> anyhow::Result<()> {
     let cas = hub_cas(&env, server.cas_url.as_deref().context("embedded CAS")?)?;
     check_retention(&c, &cas, &pid, std::slice::from_ref(&nid)).await?;
     // The number is never reused: the next save on the head gets a higher one.
-    let (s, v) = c.save(&pid, &nid, Some(1), &[("a.txt", "after\n")], &[]).await?;
+    let (s, v) = c
+        .save(&pid, &nid, Some(1), &[("a.txt", "after\n")], &[])
+        .await?;
     ensure!(s == StatusCode::CREATED, "{s} {v}");
     ensure!(v["data"]["revision"] == 3, "{v}");
     check_retention(&c, &cas, &pid, std::slice::from_ref(&nid)).await?;
@@ -409,20 +462,39 @@ async fn second_round(
     let saver = {
         let (c, pid, nid) = (c.clone(), pid.to_string(), nid.to_string());
         tokio::spawn(async move {
-            c.save(&pid, &nid, Some(head_rev), &[("a.txt", "before refs\n")], &[]).await
+            c.save(
+                &pid,
+                &nid,
+                Some(head_rev),
+                &[("a.txt", "before refs\n")],
+                &[],
+            )
+            .await
         })
     };
     server
-        .wait_for_log("failpoint hub-before-root-refs reached", Duration::from_secs(30))
+        .wait_for_log(
+            "failpoint hub-before-root-refs reached",
+            Duration::from_secs(30),
+        )
         .await?;
     server.kill();
-    ensure!(saver.await?.is_err(), "the paused save must not have been answered");
+    ensure!(
+        saver.await?.is_err(),
+        "the paused save must not have been answered"
+    );
     let server = env.start()?;
     let c = server.client(Some(token));
     let all = versions(&c, pid, nid).await?;
     let last = all.last().context("no versions")?;
-    ensure!(last["revision"] == head_rev + 1 && last["state"] == "kept", "{last}");
-    ensure!(head(&c, pid, nid).await? == Some(head_rev), "the head moved");
+    ensure!(
+        last["revision"] == head_rev + 1 && last["state"] == "kept",
+        "{last}"
+    );
+    ensure!(
+        head(&c, pid, nid).await? == Some(head_rev),
+        "the head moved"
+    );
     let cas = hub_cas(env, server.cas_url.as_deref().context("embedded CAS")?)?;
     check_retention(&c, &cas, pid, &[nid.to_string()]).await?;
     Ok(())
