@@ -126,9 +126,8 @@ async fn concurrent_savers(b: Backend) -> anyhow::Result<()> {
     let nid = c
         .notebook(&pid, "shared", &[("notebook.py", "v0\n")])
         .await?;
-    let mut expected_rev = 1;
     let mut branches = Vec::new();
-    for round in 0..6 {
+    for (expected_rev, round) in (1i64..).zip(0..6) {
         let savers = 6;
         let mut tasks = Vec::new();
         for i in 0..savers {
@@ -191,7 +190,6 @@ async fn concurrent_savers(b: Backend) -> anyhow::Result<()> {
             ))
             .await?;
         ensure!(s == StatusCode::OK && body == content.as_bytes(), "{s}");
-        expected_rev += 1;
     }
     // Every refused edit is readable in its branch, and no branch buried another.
     let titles: BTreeSet<String> = {
