@@ -647,9 +647,10 @@ async fn storage(
     hub.project_for(&user, &pid, Role::Viewer).await?;
     let usage = hub.cas.usage(&project_space(&pid)?).await?;
     let row = sqlx::query(
-        "SELECT COALESCE(SUM(CASE WHEN state = 'kept' THEN logical_bytes ELSE 0 END), 0) AS logical, \
-         COALESCE(SUM(CASE WHEN state = 'kept' THEN 1 ELSE 0 END), 0) AS kept, \
-         COALESCE(SUM(CASE WHEN state = 'pruned' THEN 1 ELSE 0 END), 0) AS pruned \
+        // SUM over BIGINT is NUMERIC on Postgres: cast back so both databases answer BIGINT.
+        "SELECT CAST(COALESCE(SUM(CASE WHEN state = 'kept' THEN logical_bytes ELSE 0 END), 0) AS BIGINT) AS logical, \
+         CAST(COALESCE(SUM(CASE WHEN state = 'kept' THEN 1 ELSE 0 END), 0) AS BIGINT) AS kept, \
+         CAST(COALESCE(SUM(CASE WHEN state = 'pruned' THEN 1 ELSE 0 END), 0) AS BIGINT) AS pruned \
          FROM hub_versions WHERE project_id = $1",
     )
     .bind(&pid)

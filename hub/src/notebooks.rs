@@ -20,6 +20,15 @@ use crate::workspace::{
 };
 
 pub const MAX_TITLE: usize = 200;
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate_bytes(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
 pub const MAX_DESCRIPTION: usize = 4096;
 pub const MAX_TAGS: usize = 32;
 pub const MAX_PROJECTS: usize = 10_000;
@@ -1055,7 +1064,9 @@ impl Hub {
             Some(t) => t,
             None => {
                 let stem = format!("{} (from revision {})", src.title, base.revision);
-                let stem: String = stem.chars().take(MAX_TITLE - 8).collect();
+                // Room for a " NNNN" suffix; the limit is in bytes, so cut at a character
+                // boundary at or below it.
+                let stem = truncate_bytes(&stem, MAX_TITLE - 5).to_string();
                 (1..=1000)
                     .map(|i| {
                         if i == 1 {

@@ -264,8 +264,21 @@ impl Hub {
             .await
             .map_err(|e| HubError::internal("extraction failed", e))??;
         if let Some(entry) = &entry_notebook {
-            let p: PathBuf = entry.split('/').collect();
-            if !std::fs::symlink_metadata(root.join(&p)).is_ok_and(|m| m.is_file()) {
+            // Checked inside the pushed tree: every component a real directory and the last a
+            // regular file, so a pushed symlink cannot point the check outside the push.
+            let parts: Vec<&str> = entry.split('/').collect();
+            let mut at = root.clone();
+            let mut present = true;
+            for (i, part) in parts.iter().enumerate() {
+                at.push(part);
+                let last = i + 1 == parts.len();
+                present = std::fs::symlink_metadata(&at)
+                    .is_ok_and(|m| if last { m.is_file() } else { m.is_dir() });
+                if !present {
+                    break;
+                }
+            }
+            if !present {
                 return Err(HubError::invalid(format!(
                     "the push does not contain the entry notebook {entry:?}; nothing was stored"
                 ))
