@@ -31,6 +31,18 @@ pub struct FaultCounts {
     pub errors: AtomicU64,
     pub lost: AtomicU64,
     pub delayed: AtomicU64,
+    /// Forwarded requests by kind: the method, or `LIST` for a bucket listing.
+    pub by_kind: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl FaultCounts {
+    /// A copy of the forwarded requests by kind.
+    pub fn kinds(&self) -> std::collections::BTreeMap<String, u64> {
+        self.by_kind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 struct ProxyState {
@@ -106,6 +118,15 @@ async fn forward(State(state): State<Arc<ProxyState>>, req: Request) -> Response
     }
     let (parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let kind = if parts.method == axum::http::Method::GET
+        && parts.uri.query().is_some_and(|q| {
+            q.split('&')
+                .any(|kv| kv.starts_with("list-type") || kv.starts_with("prefix"))
+        }) {
+        "LIST".to_string()
+    } else {
+        parts.method.to_string()
+    };
     let mut out = state
         .http
         .request(parts.method.clone(), format!("{}{path}", state.upstream))
@@ -126,6 +147,13 @@ async fn forward(State(state): State<Arc<ProxyState>>, req: Request) -> Response
         return s3_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError");
     }
     state.counts.forwarded.fetch_add(1, Ordering::Relaxed);
+    *state
+        .counts
+        .by_kind
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(kind)
+        .or_default() += 1;
     let mut builder = Response::builder().status(resp.status().as_u16());
     for (k, v) in resp.headers() {
         builder = builder.header(k.as_str(), v.as_bytes());
