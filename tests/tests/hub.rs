@@ -68,6 +68,19 @@ hub_e2e!(
 
 // ---------- helpers ----------
 
+/// A hub with the user alice, her client and her project "P": `(env, server, client, pid,
+/// token)`, bound in that order so the server stops before its data directory goes.
+async fn alice_with_project(
+    b: Backend,
+) -> anyhow::Result<(HubEnv, HubServer, HubClient, String, String)> {
+    let env = HubEnv::new(b).await?;
+    let token = env.user("alice")?;
+    let server = env.start()?;
+    let a = server.client(Some(&token));
+    let pid = a.project("P").await?;
+    Ok((env, server, a, pid, token))
+}
+
 /// Files of a workspace: path → bytes.
 type Files = BTreeMap<String, Vec<u8>>;
 
@@ -997,11 +1010,7 @@ async fn saving_follows_seed_002(b: Backend) -> anyhow::Result<()> {
 // ---------- 3. versions ----------
 
 async fn versions_and_restore(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, _server, a, pid, _) = alice_with_project(b).await?;
     let nid = a.notebook(&pid, "hist", &[("n.txt", "v1")]).await?;
     for i in 2..=5 {
         let c = format!("v{i}");
@@ -1166,11 +1175,7 @@ async fn versions_and_restore(b: Backend) -> anyhow::Result<()> {
 // ---------- 4. revision numbers ----------
 
 async fn revision_numbers_are_never_reused(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, _server, a, pid, _) = alice_with_project(b).await?;
     let nid = a.notebook(&pid, "n", &[("f.txt", "1")]).await?;
     let nb = nb_path(&pid, &nid);
     data(
@@ -1294,11 +1299,7 @@ async fn revision_numbers_are_never_reused(b: Backend) -> anyhow::Result<()> {
 // ---------- 5. refused edits ----------
 
 async fn branch_refused_edit(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, _server, a, pid, _) = alice_with_project(b).await?;
     let nid = a
         .notebook(&pid, "column", &[("a.txt", "base"), ("keep.txt", "keep")])
         .await?;
@@ -1417,11 +1418,7 @@ async fn branch_refused_edit(b: Backend) -> anyhow::Result<()> {
 /// the default "<title> (from revision N)" of a refused-edit branch must be cut to fit in
 /// bytes, not in characters.
 async fn branch_titles_respect_the_title_limit(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, _server, a, pid, _) = alice_with_project(b).await?;
     let nbs = format!("/api/v1/projects/{pid}/notebooks");
     // The limit as the API enforces it: 200 bytes pass, 201 do not.
     refused(
@@ -1468,11 +1465,7 @@ async fn branch_titles_respect_the_title_limit(b: Backend) -> anyhow::Result<()>
 // ---------- 6. fork ----------
 
 async fn fork_copies_one_revision(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, _server, a, pid, _) = alice_with_project(b).await?;
     let nid = a
         .notebook(&pid, "src", &[("a.py", "1"), ("d/b.py", "x")])
         .await?;
@@ -1760,11 +1753,7 @@ async fn trash_restore_and_purge(b: Backend) -> anyhow::Result<()> {
 // ---------- 8. export and import ----------
 
 async fn export_and_import(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, server, a, pid, token) = alice_with_project(b).await?;
     let big = random_bytes(3 << 20);
     let staged = upload(&a, &pid, &big).await?;
     let created = data(
@@ -2139,11 +2128,7 @@ async fn push_sync(b: Backend) -> anyhow::Result<()> {
 /// The entry notebook must be a file of the pushed workspace. A symlinked directory on its path
 /// must not let the check look outside the push, onto the hub host's filesystem.
 async fn push_entry_notebook_is_checked_inside_the_push(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, server, a, pid, _) = alice_with_project(b).await?;
     let created = data(
         &a.post(
             &format!("/api/v1/projects/{pid}/notebooks"),
@@ -2494,11 +2479,7 @@ async fn roles_and_masking(b: Backend) -> anyhow::Result<()> {
 // ---------- 11. storage ----------
 
 async fn storage_shows_dedup(b: Backend) -> anyhow::Result<()> {
-    let env = HubEnv::new(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
+    let (_env, _server, a, pid, _) = alice_with_project(b).await?;
     let empty = storage(&a, &pid).await?;
     for key in [
         "nodeCount",
