@@ -20,6 +20,10 @@ use crate::workspace::{
 };
 
 pub const MAX_TITLE: usize = 200;
+pub const MAX_DESCRIPTION: usize = 4096;
+pub const MAX_TAGS: usize = 32;
+pub const MAX_PROJECTS: usize = 10_000;
+pub const MAX_NOTEBOOKS_PER_PROJECT: usize = 10_000;
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
 fn truncate_bytes(s: &str, max: usize) -> &str {
@@ -29,10 +33,6 @@ fn truncate_bytes(s: &str, max: usize) -> &str {
     }
     &s[..end]
 }
-pub const MAX_DESCRIPTION: usize = 4096;
-pub const MAX_TAGS: usize = 32;
-pub const MAX_PROJECTS: usize = 10_000;
-pub const MAX_NOTEBOOKS_PER_PROJECT: usize = 10_000;
 
 /// A project as the API shows it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
