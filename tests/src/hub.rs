@@ -2,10 +2,7 @@
 //! `unicas-server`), each with its own hub database (a SQLite file in the data directory, or a
 //! fresh Postgres database), and a small JSON client of its API.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -13,7 +10,7 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::{Backend, Db, TestEnv, binary, pg_admin, pg_admin_url, random_id};
+use crate::{Backend, Db, Process, TestEnv, binary, pg_admin, pg_admin_url, random_id};
 
 /// A test environment for the hub: the CAS's [`TestEnv`] plus the hub's variables.
 pub struct HubEnv {
@@ -105,75 +102,36 @@ impl Drop for HubEnv {
 
 /// A running `unicas-hub serve`. Killed when dropped.
 pub struct HubServer {
-    child: Child,
-    /// The hub's base URL.
-    pub url: String,
+    /// The process; its `url` is the hub's base URL.
+    process: Process,
     /// The embedded CAS's URL, if it embeds one.
     pub cas_url: Option<String>,
-    pub stderr_path: PathBuf,
-    printed: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl std::ops::Deref for HubServer {
+    type Target = Process;
+    fn deref(&self) -> &Process {
+        &self.process
+    }
 }
 
 impl HubServer {
     fn start(env: &HubEnv, extra: &[(&str, &str)]) -> anyhow::Result<HubServer> {
-        let stderr_path = env
-            .env
-            .dir
-            .path()
-            .join(format!("{}.stderr", random_id("hub-")));
-        let stderr = std::fs::File::create(&stderr_path)?;
-        let mut cmd = env.hub_command();
-        cmd.arg("serve")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .stdin(Stdio::null());
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().context("cannot start unicas-hub")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let printed = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = printed.clone();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Some(Ok(line)) = lines.next() {
-                if let Some(addr) = line.strip_prefix("hub listening on ") {
-                    let _ = tx.send(addr.to_string());
-                }
-                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(90)) {
-            Ok(url) => {
-                // The lines after it are printed right away.
-                std::thread::sleep(Duration::from_millis(50));
-                let cas_url = printed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .find_map(|l| l.strip_prefix("cas listening on ").map(str::to_string));
-                Ok(HubServer {
-                    child,
-                    url,
-                    cas_url,
-                    stderr_path,
-                    printed,
-                })
-            }
-            Err(_) => {
-                let _ = child.kill();
-                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                bail!("unicas-hub did not start:\n{log}")
-            }
-        }
-    }
-
-    pub fn stdout_lines(&self) -> Vec<String> {
-        self.printed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let process = Process::spawn(
+            env.hub_command(),
+            env.env.dir.path(),
+            "unicas-hub",
+            "hub listening on ",
+            Duration::from_secs(90),
+            extra,
+        )?;
+        // The lines after it are printed right away.
+        std::thread::sleep(Duration::from_millis(50));
+        let cas_url = process
+            .stdout_lines()
+            .iter()
+            .find_map(|l| l.strip_prefix("cas listening on ").map(str::to_string));
+        Ok(HubServer { process, cas_url })
     }
 
     /// The token printed on first start (token mode, no users yet).
@@ -183,59 +141,19 @@ impl HubServer {
             .find_map(|l| l.strip_prefix("admin token: ").map(str::to_string))
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
-    }
-
-    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while tokio::time::Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        bail!("the hub never logged {needle:?}; log:\n{}", self.log())
-    }
-
     /// SIGKILL, now.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn kill(self) {
+        self.process.kill()
     }
 
-    /// SIGTERM, then wait for a graceful exit; returns whether it exited successfully.
-    pub fn terminate(mut self) -> anyhow::Result<bool> {
-        Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()?;
-        for _ in 0..300 {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status.success());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        bail!("the hub did not stop within 15 s of SIGTERM")
+    /// SIGTERM, then wait 15 s for a graceful exit; returns whether it exited successfully.
+    pub fn terminate(self) -> anyhow::Result<bool> {
+        self.process.terminate_within(Duration::from_secs(15))
     }
 
     /// A client of this hub with `token` (or none, for the single-user mode).
     pub fn client(&self, token: Option<&str>) -> HubClient {
         HubClient::new(&self.url, token)
-    }
-}
-
-impl Drop for HubServer {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- hub log ({}) ---\n{}", self.url, self.log());
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

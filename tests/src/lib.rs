@@ -305,12 +305,19 @@ impl TestEnv {
 
     /// Starts a server on a free port.
     pub fn start(&self) -> anyhow::Result<Server> {
-        Server::start(self, &[])
+        self.start_with(&[])
     }
 
     /// Starts a server with extra variables.
     pub fn start_with(&self, extra: &[(&str, &str)]) -> anyhow::Result<Server> {
-        Server::start(self, extra)
+        Process::spawn(
+            self.server_command(),
+            self.dir.path(),
+            "unicas-server",
+            "listening on ",
+            Duration::from_secs(60),
+            extra,
+        )
     }
 
     /// A direct connection to the test's metadata database, for checking invariants.
@@ -422,22 +429,34 @@ impl TestApp {
     }
 }
 
-/// A running `unicas-server` process. Killed when dropped.
-pub struct Server {
+/// A server process under test: what it printed on stdout, its stderr in a file of the test's
+/// directory. Killed when dropped.
+pub struct Process {
+    /// The binary's name, for messages.
+    name: &'static str,
     child: Child,
+    /// The URL it announced on stdout.
     pub url: String,
     pub stderr_path: PathBuf,
     printed: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
-impl Server {
-    fn start(env: &TestEnv, extra: &[(&str, &str)]) -> anyhow::Result<Server> {
-        let stderr_path = env
-            .dir
-            .path()
-            .join(format!("{}.stderr", random_id("server-")));
+/// A running `unicas-server`.
+pub type Server = Process;
+
+impl Process {
+    /// Starts `cmd serve` with `extra` in its environment and waits up to `timeout` for the
+    /// stdout line `<ready><url>`.
+    pub fn spawn(
+        mut cmd: Command,
+        dir: &Path,
+        name: &'static str,
+        ready: &'static str,
+        timeout: Duration,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<Process> {
+        let stderr_path = dir.join(format!("{}.stderr", random_id(&format!("{name}-"))));
         let stderr = std::fs::File::create(&stderr_path)?;
-        let mut cmd = env.server_command();
         cmd.arg("serve")
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -445,7 +464,9 @@ impl Server {
         for (k, v) in extra {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().context("cannot start unicas-server")?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
         let stdout = child.stdout.take().context("no stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
         let printed = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -453,14 +474,15 @@ impl Server {
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
-                if let Some(addr) = line.strip_prefix("listening on ") {
+                if let Some(addr) = line.strip_prefix(ready) {
                     let _ = tx.send(addr.to_string());
                 }
                 sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(url) => Ok(Server {
+        match rx.recv_timeout(timeout) {
+            Ok(url) => Ok(Process {
+                name,
                 child,
                 url,
                 stderr_path,
@@ -469,12 +491,12 @@ impl Server {
             Err(_) => {
                 let _ = child.kill();
                 let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                bail!("unicas-server did not start:\n{log}")
+                bail!("{name} did not start:\n{log}")
             }
         }
     }
 
-    /// The lines the server printed on stdout so far.
+    /// The lines the process printed on stdout so far.
     pub fn stdout_lines(&self) -> Vec<String> {
         self.printed
             .lock()
@@ -482,12 +504,12 @@ impl Server {
             .clone()
     }
 
-    /// The server's process id.
+    /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// What the server wrote on stderr so far.
+    /// What the process wrote on stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
@@ -501,7 +523,11 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        bail!("the server never logged {needle:?}; log:\n{}", self.log())
+        bail!(
+            "{} never logged {needle:?}; log:\n{}",
+            self.name,
+            self.log()
+        )
     }
 
     /// SIGKILL, now.
@@ -510,26 +536,33 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM, then wait for a graceful exit; returns whether it exited successfully.
-    pub fn terminate(mut self) -> anyhow::Result<bool> {
+    /// SIGTERM, then wait 10 s for a graceful exit; returns whether it exited successfully.
+    pub fn terminate(self) -> anyhow::Result<bool> {
+        self.terminate_within(Duration::from_secs(10))
+    }
+
+    /// SIGTERM, then wait up to `within` for a graceful exit; returns whether it exited
+    /// successfully.
+    pub fn terminate_within(mut self, within: Duration) -> anyhow::Result<bool> {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()?;
-        for _ in 0..200 {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
                 return Ok(status.success());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.child.kill();
-        bail!("the server did not stop within 10 s of SIGTERM")
+        bail!("{} did not stop within {within:?} of SIGTERM", self.name)
     }
 }
 
-impl Drop for Server {
+impl Drop for Process {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("--- server log ({}) ---\n{}", self.url, self.log());
+            eprintln!("--- {} log ({}) ---\n{}", self.name, self.url, self.log());
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
