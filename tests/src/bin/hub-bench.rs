@@ -982,6 +982,26 @@ async fn main() -> anyhow::Result<()> {
         let col =
             |f: &dyn Fn(&Replay) -> String| -> Vec<String> { replays.iter().map(f).collect() };
         let rest = |r: &Replay| -> Vec<Push> { r.pushes.iter().skip(1).cloned().collect() };
+        // One row per key of a per-push count: its mean over the pushes, and the first push's.
+        let by_key = |pick: &dyn Fn(&Push) -> &BTreeMap<String, u64>| {
+            let keys: BTreeSet<&String> = replays
+                .iter()
+                .flat_map(|r| r.pushes.iter().flat_map(|p| pick(p).keys()))
+                .collect();
+            for k in keys {
+                row(
+                    &format!("  {k}, mean (first push)"),
+                    &col(&|r| {
+                        let v: Vec<u64> = r
+                            .pushes
+                            .iter()
+                            .map(|p| pick(p).get(k).copied().unwrap_or(0))
+                            .collect();
+                        format!("{:.2} ({})", mean(&v), v[0])
+                    }),
+                );
+            }
+        };
         row(
             "uploaded bytes, first push",
             &col(&|r| thousands(r.pushes[0].uploaded_bytes)),
@@ -1085,23 +1105,7 @@ async fn main() -> anyhow::Result<()> {
             "  max",
             &col(&|r| thousands(totals(r).iter().copied().max().unwrap_or(0))),
         );
-        let kinds: BTreeSet<String> = replays
-            .iter()
-            .flat_map(|r| r.pushes.iter().flat_map(|p| p.store.keys().cloned()))
-            .collect();
-        for k in &kinds {
-            row(
-                &format!("  {k}, mean (first push)"),
-                &col(&|r| {
-                    let v: Vec<u64> = r
-                        .pushes
-                        .iter()
-                        .map(|p| p.store.get(k).copied().unwrap_or(0))
-                        .collect();
-                    format!("{:.2} ({})", mean(&v), v[0])
-                }),
-            );
-        }
+        by_key(&|p| &p.store);
         row(
             "  baseline: files per commit (a full copy writes each)",
             &col(&|_| format!("{mean_files:.1}")),
@@ -1110,10 +1114,6 @@ async fn main() -> anyhow::Result<()> {
             "  requests / files per commit",
             &col(&|r| format!("{:.4}", mean(&totals(r)) / mean_files)),
         );
-        let routes: BTreeSet<String> = replays
-            .iter()
-            .flat_map(|r| r.pushes.iter().flat_map(|p| p.cas.keys().cloned()))
-            .collect();
         row(
             "CAS API requests per push (/metrics), mean / p50 / p99",
             &col(&|r| {
@@ -1125,19 +1125,7 @@ async fn main() -> anyhow::Result<()> {
                 )
             }),
         );
-        for route in &routes {
-            row(
-                &format!("  {route}, mean (first push)"),
-                &col(&|r| {
-                    let v: Vec<u64> = r
-                        .pushes
-                        .iter()
-                        .map(|p| p.cas.get(route).copied().unwrap_or(0))
-                        .collect();
-                    format!("{:.2} ({})", mean(&v), v[0])
-                }),
-            );
-        }
+        by_key(&|p| &p.cas);
         // Per-push cross-check of what the hub counted against the git trees.
         row(
             "pushes whose size_bytes/file_count differ from git",
