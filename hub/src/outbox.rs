@@ -533,23 +533,21 @@ async fn apply_effect(tx: &mut WriteTx, e: &Effect, now: i64) -> HubResult<()> {
             .execute(tx.conn())
             .await?;
         }
-        Effect::Restore { notebook_id, token } => {
-            sqlx::query("UPDATE hub_notebooks SET state = 'live', updated_at_ms = $1 WHERE notebook_id = $2")
-                .bind(now)
-                .bind(notebook_id)
-                .execute(tx.conn())
-                .await?;
-            sqlx::query("DELETE FROM hub_trash WHERE token = $1")
-                .bind(token)
-                .execute(tx.conn())
-                .await?;
-        }
-        Effect::StartPurge { notebook_id, token } => {
-            sqlx::query("UPDATE hub_notebooks SET state = 'purging', updated_at_ms = $1 WHERE notebook_id = $2")
-                .bind(now)
-                .bind(notebook_id)
-                .execute(tx.conn())
-                .await?;
+        // Both take the notebook out of the trash: back to live, or on to its purge.
+        Effect::Restore { notebook_id, token } | Effect::StartPurge { notebook_id, token } => {
+            let state = if matches!(e, Effect::Restore { .. }) {
+                "live"
+            } else {
+                "purging"
+            };
+            sqlx::query(
+                "UPDATE hub_notebooks SET state = $1, updated_at_ms = $2 WHERE notebook_id = $3",
+            )
+            .bind(state)
+            .bind(now)
+            .bind(notebook_id)
+            .execute(tx.conn())
+            .await?;
             sqlx::query("DELETE FROM hub_trash WHERE token = $1")
                 .bind(token)
                 .execute(tx.conn())

@@ -10,7 +10,9 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::{Backend, Db, Process, TestEnv, binary, pg_admin, pg_admin_url, random_id};
+use crate::{
+    Backend, Db, Process, TestEnv, binary, drop_database, pg_admin, pg_admin_url, random_id,
+};
 
 /// A test environment for the hub: the CAS's [`TestEnv`] plus the hub's variables.
 pub struct HubEnv {
@@ -85,17 +87,7 @@ impl HubEnv {
 impl Drop for HubEnv {
     fn drop(&mut self) {
         if let Some(name) = self.hub_db.take() {
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                if let Ok(rt) = rt {
-                    let _ = rt.block_on(pg_admin(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )));
-                }
-            })
-            .join();
+            drop_database(name);
         }
     }
 }

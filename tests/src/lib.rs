@@ -121,6 +121,22 @@ fn pg_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
 }
 
+/// Drops a test database, from a `Drop`: on a fresh runtime on its own thread, since `Drop`
+/// may run inside another runtime.
+fn drop_database(name: String) {
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            let _ = rt.block_on(pg_admin(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )));
+        }
+    })
+    .join();
+}
+
 async fn pg_admin(sql: String) -> anyhow::Result<()> {
     use sqlx::Connection;
     let mut conn = sqlx::postgres::PgConnection::connect(&pg_admin_url())
@@ -337,18 +353,7 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         if let Some((name, _)) = self.pg_database.take() {
-            // A fresh runtime on its own thread: Drop may run inside another runtime.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                if let Ok(rt) = rt {
-                    let _ = rt.block_on(pg_admin(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )));
-                }
-            })
-            .join();
+            drop_database(name);
         }
     }
 }
