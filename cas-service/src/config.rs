@@ -89,6 +89,28 @@ pub struct Config {
     pub admin_login_link_ttl_ms: u64,
     /// OpenID Connect providers admins sign in with (`UNICAS_OIDC_PROVIDERS`: a JSON array).
     pub oidc_providers: Vec<OidcProvider>,
+    /// Longest lifetime (`exp − iat`) a Space capability may have, in seconds (`0` = no limit).
+    pub max_capability_lifetime_s: u64,
+    /// Where `/metrics` is served: empty (the default) on the main listener, `off` nowhere, or
+    /// `host:port` on a listener of its own.
+    pub metrics_listen: String,
+    /// Host names (optionally `host:port`) the admin plane answers to, comma-separated; `*` is
+    /// any. Empty: the loopback names when the service listens on loopback, else any.
+    pub allowed_hosts: String,
+    /// Below this many free bytes on the local disk (spool, filesystem store), writes answer
+    /// 507 instead of filling it (`0` = no floor).
+    pub min_free_bytes: u64,
+}
+
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsListen {
+    /// On the main listener, beside the API.
+    Main,
+    /// Nowhere.
+    Off,
+    /// On a listener of its own.
+    Own(SocketAddr),
 }
 
 /// An OpenID Connect provider (Google, Microsoft, Keycloak, Dex, …), found by discovery from
@@ -158,6 +180,10 @@ impl Default for Config {
             admin_session_max_ms: 12 * 3600 * 1000,
             admin_login_link_ttl_ms: 15 * 60 * 1000,
             oidc_providers: Vec::new(),
+            max_capability_lifetime_s: 24 * 3600,
+            metrics_listen: String::new(),
+            allowed_hosts: String::new(),
+            min_free_bytes: 256 << 20,
         }
     }
 }
@@ -283,6 +309,13 @@ impl Config {
         parse_env("ADMIN_SESSION_IDLE_MS", &mut self.admin_session_idle_ms)?;
         parse_env("ADMIN_SESSION_MAX_MS", &mut self.admin_session_max_ms)?;
         parse_env("ADMIN_LOGIN_LINK_TTL_MS", &mut self.admin_login_link_ttl_ms)?;
+        parse_env(
+            "MAX_CAPABILITY_LIFETIME_S",
+            &mut self.max_capability_lifetime_s,
+        )?;
+        parse_env("METRICS_LISTEN", &mut self.metrics_listen)?;
+        parse_env("ALLOWED_HOSTS", &mut self.allowed_hosts)?;
+        parse_env("MIN_FREE_BYTES", &mut self.min_free_bytes)?;
         if let Some(v) = env("OIDC_PROVIDERS") {
             self.oidc_providers = serde_json::from_str(&v).map_err(|e| {
                 anyhow::anyhow!("UNICAS_OIDC_PROVIDERS is not a JSON array of providers: {e}")
@@ -330,7 +363,24 @@ impl Config {
         self.database_url()?;
         self.blob_store()?;
         self.public_url()?;
+        self.metrics_addr()?;
         Ok(())
+    }
+
+    /// Where `/metrics` is served.
+    pub fn metrics_addr(&self) -> anyhow::Result<MetricsListen> {
+        Ok(match self.metrics_listen.trim() {
+            "" => MetricsListen::Main,
+            "off" => MetricsListen::Off,
+            addr => MetricsListen::Own(addr.parse().with_context(|| {
+                format!("metrics_listen {addr:?} is empty, \"off\" or host:port")
+            })?),
+        })
+    }
+
+    /// The Host allow-list of the admin plane.
+    pub fn host_allow_list(&self) -> anyhow::Result<crate::web_guard::AllowedHosts> {
+        crate::web_guard::AllowedHosts::parse(&self.allowed_hosts, self.listen_addr()?)
     }
 
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {

@@ -72,6 +72,29 @@ impl ApiError {
         )
     }
 
+    /// An object-store failure: 507 when the local disk is below its free-space floor (nothing
+    /// was written), else as [`ApiError::storage_unavailable`].
+    pub fn blob(context: &str, cause: crate::blob::BlobError) -> Self {
+        match cause {
+            crate::blob::BlobError::Full { free, floor } => {
+                tracing::warn!(
+                    free,
+                    floor,
+                    "{context}: the disk is below its free-space floor"
+                );
+                ApiError {
+                    retry_after: Some(60),
+                    ..Self::new(
+                        StatusCode::INSUFFICIENT_STORAGE,
+                        "INSUFFICIENT_STORAGE",
+                        "the server's disk is nearly full; nothing was written",
+                    )
+                }
+            }
+            other => Self::storage_unavailable(context, other),
+        }
+    }
+
     /// A storage dependency failed in a way a retry may fix.
     pub fn storage_unavailable(context: &str, cause: impl std::fmt::Display) -> Self {
         tracing::warn!(error = %cause, "{context}");

@@ -6,8 +6,6 @@
 //! validating the uploaded bytes and writing the object happen outside it, bounded by a
 //! semaphore.
 
-use std::path::PathBuf;
-
 use cas_format::node::LimitField;
 use cas_format::svalue::{self, SValueLimits};
 use cas_format::wire::{LeaseResponse, Rejection, UploadTarget};
@@ -16,7 +14,7 @@ use cas_format::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::blob::{node_key, upload_key};
+use crate::blob::{SpoolFile, node_key, upload_key};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{
     Evidence, FinalizeOutcome, GenState, Generation, Partition, TargetKind, lease_window,
@@ -36,7 +34,7 @@ enum Begin {
 struct Spooled {
     evidence: Evidence,
     canonical_len: u64,
-    spool: tempfile::TempPath,
+    spool: SpoolFile,
 }
 
 enum MaterializeError {
@@ -110,6 +108,38 @@ impl Service {
             expires_at: g.url_expires_at,
             headers: presigned.headers.into_iter().collect(),
         })
+    }
+
+    /// `g`, or `g` with a new URL expiry when its URL has expired or is about to (within a
+    /// quarter of the URL lifetime, at most a minute): a lease never hands out a URL that
+    /// cannot be used, and the upload slot stays the same, so an upload already under way
+    /// lands where the next lease looks.
+    async fn fresh_url(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+    ) -> ApiResult<Generation> {
+        let ttl = self.config.upload_url_ttl_ms as i64;
+        let margin = (ttl / 4).min(60_000);
+        let now = now_ms();
+        if g.state != GenState::AwaitingUpload || g.url_expires_at - now > margin {
+            return Ok(g.clone());
+        }
+        let url_expires_at = now + ttl;
+        let mut p = self.meta.gate(app, space).await?;
+        let refreshed = p
+            .refresh_upload_url(&g.gen_id, url_expires_at, url_expires_at)
+            .await?;
+        let current = p.generation(&g.gen_id).await?;
+        p.commit().await?;
+        match current {
+            Some(c) if refreshed => {
+                tracing::debug!(hash = %g.hash, generation = %g.gen_id, "upload URL renewed");
+                Ok(c)
+            }
+            _ => Ok(g.clone()),
+        }
     }
 
     /// Leases `hash` for about `duration_ms`. `upload_bytes` is the client's optional
@@ -299,7 +329,8 @@ impl Service {
         let spooled = match spooled {
             Ok(s) => s,
             Err(MaterializeError::NotUploaded) => {
-                let upload = self.presigned_target(app, space, g).await?;
+                let g = self.fresh_url(app, space, g).await?;
+                let upload = self.presigned_target(app, space, &g).await?;
                 return Ok(Some(LeaseResponse::AwaitingUpload { hash, upload }));
             }
             Err(MaterializeError::Rejected(rejection)) => {
@@ -318,6 +349,7 @@ impl Service {
                     None => self.new_generation(&mut p, &hash, now, None).await?,
                 };
                 p.commit().await?;
+                let fresh = self.fresh_url(app, space, &fresh).await?;
                 let upload = self.presigned_target(app, space, &fresh).await?;
                 return Ok(Some(LeaseResponse::AwaitingReplacementUpload {
                     hash,
@@ -490,13 +522,17 @@ impl Service {
                 format!("the upload holds {len} bytes; the limit is {max}"),
             ));
         }
-        let spool_dir = self.blobs.spool_dir(&self.config);
-        let spool = tempfile::Builder::new()
-            .prefix("content-")
-            .tempfile_in(&spool_dir)
-            .map_err(|e| ApiError::internal("creating a spool file", e))?;
-        let (file, spool) = spool.into_parts();
-        let mut file = tokio::fs::File::from_std(file);
+        let spool = self
+            .blobs
+            .spool()
+            .file("content-")
+            .await
+            .map_err(|e| ApiError::blob("spooling an upload", e))?;
+        let mut file = tokio::fs::File::from_std(
+            spool
+                .handle()
+                .map_err(|e| ApiError::internal("opening a spool file", e))?,
+        );
         let mut validator = NodeStreamValidator::new(self.node_limits());
         let svalue_limits = SValueLimits {
             max_bytes: max,
@@ -579,27 +615,28 @@ impl Service {
     async fn write_object(
         &self,
         key: &str,
-        spool: tempfile::TempPath,
+        spool: SpoolFile,
         size: u64,
     ) -> ApiResult<(&'static str, u64)> {
         let min = self.config.compress_min_bytes;
         if min > 0 && size >= min {
             let compressed = self.compress(&spool).await?;
-            let len = tokio::fs::metadata(&compressed)
-                .await
+            let len = compressed
+                .file()
+                .metadata()
                 .map_err(|e| ApiError::internal("reading a spool file", e))?
                 .len();
             // Only when it saves at least an eighth: decompressing costs every reader.
             if len < size - size / 8 {
-                self.put(key, &compressed, len).await?;
+                self.put(key, compressed, len).await?;
                 return Ok(("zstd", len));
             }
         }
-        self.put(key, &spool, size).await?;
+        self.put(key, spool, size).await?;
         Ok(("identity", size))
     }
 
-    async fn put(&self, key: &str, file: &std::path::Path, len: u64) -> ApiResult<()> {
+    async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
         if failpoint::hit("blob.put").await {
             return Err(ApiError::storage_unavailable(
                 "writing an object",
@@ -609,21 +646,22 @@ impl Service {
         self.blobs
             .put_file(key, file, len)
             .await
-            .map_err(|e| ApiError::storage_unavailable("writing an object", e))
+            .map_err(|e| ApiError::blob("writing an object", e))
     }
 
-    async fn compress(&self, spool: &std::path::Path) -> ApiResult<tempfile::TempPath> {
-        let dir: PathBuf = self.blobs.spool_dir(&self.config);
-        let out = tempfile::Builder::new()
-            .prefix("zstd-")
-            .tempfile_in(&dir)
-            .map_err(|e| ApiError::internal("creating a spool file", e))?;
-        let (file, path) = out.into_parts();
-        let input = tokio::fs::File::open(spool)
+    async fn compress(&self, spool: &SpoolFile) -> ApiResult<SpoolFile> {
+        let out = self
+            .blobs
+            .spool()
+            .file("zstd-")
             .await
-            .map_err(|e| ApiError::internal("reading a spool file", e))?;
+            .map_err(|e| ApiError::blob("spooling compressed content", e))?;
+        let spooled = |e| ApiError::internal("reading a spool file", e);
+        let mut input = spool.handle().map_err(spooled)?;
+        std::io::Seek::rewind(&mut input).map_err(spooled)?;
+        let input = tokio::fs::File::from_std(input);
         let mut encoder = async_compression::tokio::write::ZstdEncoder::with_quality(
-            tokio::fs::File::from_std(file),
+            tokio::fs::File::from_std(out.handle().map_err(spooled)?),
             async_compression::Level::Precise(self.config.compress_level),
         );
         tokio::io::copy(&mut tokio::io::BufReader::new(input), &mut encoder)
@@ -633,6 +671,6 @@ impl Service {
             .shutdown()
             .await
             .map_err(|e| ApiError::internal("compressing", e))?;
-        Ok(path)
+        Ok(out)
     }
 }

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod read;
 pub mod root_refs;
 pub mod upload;
+pub mod web_guard;
 
 use crate::auth::Registry;
 use crate::blob::BlobStore;
@@ -60,6 +61,8 @@ pub struct ServiceState {
     /// Outbound HTTP (OpenID Connect providers).
     pub http: reqwest::Client,
     pub oidc: admin::OidcCache,
+    /// The hosts the admin plane answers to.
+    pub allowed_hosts: web_guard::AllowedHosts,
     public_url: String,
     app_limiter: Option<DefaultKeyedRateLimiter<String>>,
 }
@@ -89,8 +92,6 @@ impl Service {
         let meta = MetaStore::connect(&config).await?;
         meta.migrate().await?;
         let blobs = BlobStore::open(&config).await?;
-        std::fs::create_dir_all(blobs.spool_dir(&config))
-            .context("cannot create the spool directory")?;
         let key = meta
             .secret("upload-url")
             .await
@@ -112,7 +113,9 @@ impl Service {
                 let burst = NonZeroU32::new(rate.get().saturating_mul(2)).unwrap_or(rate);
                 DefaultKeyedRateLimiter::keyed(Quota::per_second(rate).allow_burst(burst))
             });
+        let allowed_hosts = config.host_allow_list()?;
         Ok(Service(Arc::new(ServiceState {
+            allowed_hosts,
             validations: tokio::sync::Semaphore::new(config.max_concurrent_validations),
             config,
             meta,
@@ -177,8 +180,25 @@ pub async fn run_service(
         let interval = Duration::from_millis(svc.config.gc_interval_ms);
         tokio::spawn(async move { svc.background_gc(interval, stop).await })
     });
+    let metrics = match svc.config.metrics_addr()? {
+        config::MetricsListen::Own(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (metrics)"))?;
+            tracing::info!(%addr, "metrics listening");
+            let stop = shutdown.child_token();
+            let router = api::metrics_router(svc.clone());
+            Some(tokio::spawn(async move {
+                api::serve(router, listener, stop).await
+            }))
+        }
+        _ => None,
+    };
     let result = api::serve(api::router(svc.clone()), listener, shutdown.clone()).await;
     shutdown.cancel();
+    if let Some(task) = metrics {
+        let _ = task.await;
+    }
     if let Some(task) = collector {
         let _ = task.await;
     }

@@ -200,9 +200,7 @@ pub async fn store(
                 Err(PutOnceError::Body(e)) => Err(ApiError::invalid(format!(
                     "the upload body could not be read: {e}"
                 ))),
-                Err(PutOnceError::Store(e)) => {
-                    Err(ApiError::storage_unavailable("storing an upload", e))
-                }
+                Err(PutOnceError::Store(e)) => Err(ApiError::blob("storing an upload", e)),
             }
         }
     }

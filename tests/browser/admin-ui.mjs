@@ -190,6 +190,8 @@ async function main() {
   await step('the login link signs in and lands on the Apps page', async () => {
     const response = await page.goto(env.loginLink);
     assert(response && response.ok(), `GET the login link answered ${response?.status()}`);
+    // Opening the link only shows a page; its button uses the link.
+    await page.click('#sign-in');
     await waitFor('the URL to be the Apps page', () => page.url(), (u) => u.startsWith(uiUrl('#/apps')));
     await waitFor(`the Apps table to list ${env.appId}`, () => appRow().count(), (n) => n === 1);
     const account = await textOf(testid('account-name'));

@@ -81,8 +81,12 @@ impl AdminSession {
     }
 }
 
+/// Signs in as a browser does: the link's page, then its button (a POST).
 async fn sign_in_with_link(server: &Server, link: &str) -> anyhow::Result<AdminSession> {
-    let resp = http().get(link).send().await?;
+    let page = http().get(link).send().await?;
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await?.contains("method=\"post\""));
+    let resp = http().post(link).send().await?;
     AdminSession::from_set_cookie(&server.url, resp).await
 }
 
@@ -107,9 +111,13 @@ async fn bootstrap_sessions_and_plane_separation(b: Backend) -> anyhow::Result<(
         first.starts_with(&format!("{}/admin/login/link/", server.url)),
         "{printed:?}"
     );
+    // Fetching the link (as a link previewer does) does not use it.
+    for _ in 0..2 {
+        assert_eq!(http().get(&first).send().await?.status(), 200);
+    }
     let admin = sign_in_with_link(&server, &first).await?;
     // One use only.
-    let again = http().get(&first).send().await?;
+    let again = http().post(&first).send().await?;
     assert_eq!(again.status(), 401);
     assert_eq!(again.json::<Value>().await?["error"], "LOGIN_LINK_INVALID");
     let session = admin.json("/admin/session").await;
@@ -443,7 +451,7 @@ async fn admin_api_and_reconciliation(b: Backend) -> anyhow::Result<()> {
         200
     );
     let e = client.usage(&s1).await.unwrap_err();
-    assert_eq!(e.code(), Some("TOKEN_UNKNOWN_KEY"));
+    assert_eq!(e.code(), Some("invalid_token"));
     let es = cas_client::SigningKey::from_pem(&key.private_pem, "es-2", &app.issuer, "unicas")?;
     let es_client =
         cas_client::AppCasClient::new(&server.url, app.app.clone(), std::sync::Arc::new(es))?;
@@ -525,10 +533,21 @@ async fn admin_api_and_reconciliation(b: Backend) -> anyhow::Result<()> {
 }
 
 /// Runs the sign-in dance through the mock provider; `tamper` may change the callback URL.
+/// A sign-in through the provider, as a browser does it: the start sets a cookie that the
+/// callback carries back. `tamper` may change the callback URL.
 async fn oidc_login(
     server: &Server,
     provider: &str,
     tamper: impl FnOnce(String) -> String,
+) -> anyhow::Result<reqwest::Response> {
+    oidc_login_as(server, provider, tamper, true).await
+}
+
+async fn oidc_login_as(
+    server: &Server,
+    provider: &str,
+    tamper: impl FnOnce(String) -> String,
+    same_browser: bool,
 ) -> anyhow::Result<reqwest::Response> {
     let start = http()
         .get(format!("{}/admin/login/{provider}", server.url))
@@ -537,7 +556,21 @@ async fn oidc_login(
     if !start.status().is_redirection() {
         return Ok(start);
     }
+    let cookie = start
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("unicas_oidc="))
+        .and_then(|c| c.split(';').next())
+        .map(str::to_string)
+        .expect("the start sets the sign-in cookie");
+    assert!(
+        start.headers()["set-cookie"].to_str()?.contains("HttpOnly"),
+        "the sign-in cookie is HttpOnly"
+    );
     let authorize = start.headers()["location"].to_str()?.to_string();
+    assert!(authorize.contains("code_challenge="), "PKCE: {authorize}");
     let approved = http().get(&authorize).send().await?;
     assert!(
         approved.status().is_redirection(),
@@ -545,7 +578,11 @@ async fn oidc_login(
         approved.text().await
     );
     let callback = tamper(approved.headers()["location"].to_str()?.to_string());
-    Ok(http().get(callback).send().await?)
+    let mut req = http().get(callback);
+    if same_browser {
+        req = req.header("cookie", cookie);
+    }
+    Ok(req.send().await?)
 }
 
 async fn code(r: reqwest::Response) -> (u16, String) {
@@ -618,6 +655,10 @@ async fn oidc_sign_in(b: Backend) -> anyhow::Result<()> {
     // Wrong state.
     mock.set(Behaviour::default());
     let r = oidc_login(&server, "mock", |u| u.replace("state=", "state=x")).await?;
+    assert_eq!(code(r).await, (401, "OIDC_STATE_INVALID".into()));
+    // A callback finished by another browser (a state lured into a victim's browser, or a
+    // stolen callback URL): without the cookie of the browser that started it, refused.
+    let r = oidc_login_as(&server, "mock", |u| u, false).await?;
     assert_eq!(code(r).await, (401, "OIDC_STATE_INVALID".into()));
     // Wrong nonce.
     mock.set(Behaviour {

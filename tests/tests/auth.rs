@@ -93,7 +93,7 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
             Some("abc.def".into()),
             "hub",
             401,
-            "TOKEN_INVALID",
+            "invalid_token",
         ),
         (
             "bad signature",
@@ -105,7 +105,7 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
             )),
             "hub",
             401,
-            "TOKEN_BAD_SIGNATURE",
+            "invalid_token",
         ),
         (
             "unknown kid",
@@ -117,14 +117,14 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
             )),
             "hub",
             401,
-            "TOKEN_UNKNOWN_KEY",
+            "invalid_token",
         ),
         (
             "alg none",
             Some(format!("{header_none}.{body}.")),
             "hub",
             401,
-            "TOKEN_ALGORITHM_REJECTED",
+            "invalid_token",
         ),
         (
             "HS256 with the public key as secret",
@@ -136,42 +136,42 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
             )),
             "hub",
             401,
-            "TOKEN_ALGORITHM_REJECTED",
+            "invalid_token",
         ),
         (
             "expired",
             Some(sign(Algorithm::EdDSA, &hub.kid, &key, &expired)),
             "hub",
             401,
-            "TOKEN_EXPIRED",
+            "invalid_token",
         ),
         (
             "not yet valid",
             Some(sign(Algorithm::EdDSA, &hub.kid, &key, &future)),
             "hub",
             401,
-            "TOKEN_NOT_YET_VALID",
+            "invalid_token",
         ),
         (
             "no exp",
             Some(sign(Algorithm::EdDSA, &hub.kid, &key, &no_exp)),
             "hub",
             401,
-            "TOKEN_INVALID",
+            "invalid_token",
         ),
         (
             "wrong audience",
             Some(sign(Algorithm::EdDSA, &hub.kid, &key, &wrong_aud)),
             "hub",
             401,
-            "TOKEN_WRONG_AUDIENCE",
+            "invalid_token",
         ),
         (
             "unknown issuer",
             Some(sign(Algorithm::EdDSA, &hub.kid, &key, &unknown_iss)),
             "hub",
             401,
-            "TOKEN_UNKNOWN_ISSUER",
+            "unknown_issuer",
         ),
         (
             "App mismatch",
@@ -241,7 +241,7 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
     env.cli(&["app", "revoke-key", "hub", "--kid", &hub.kid])?;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let r = send(Some(hub.token(&space("s"), lease)), "hub", "s").await?;
-    assert_eq!(r.json::<Value>().await?["error"], "TOKEN_UNKNOWN_KEY");
+    assert_eq!(r.json::<Value>().await?["error"], "invalid_token");
     Ok(())
 }
 
@@ -279,10 +279,7 @@ async fn es256_and_rs256_keys_work(b: Backend) -> anyhow::Result<()> {
         .send()
         .await?;
     assert_eq!(r.status(), 401);
-    assert_eq!(
-        r.json::<Value>().await?["error"],
-        "TOKEN_ALGORITHM_REJECTED"
-    );
+    assert_eq!(r.json::<Value>().await?["error"], "invalid_token");
     // Registering a key that does not parse is refused.
     let bad = env.dir.path().join("bad.pem");
     std::fs::write(

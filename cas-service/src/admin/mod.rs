@@ -87,9 +87,23 @@ struct Callback {
     error: Option<String>,
 }
 
-async fn callback(State(svc): State<Service>, Q(q): Q<Callback>) -> ApiResult<Response> {
-    svc.oidc_callback(q.code.as_deref(), q.state.as_deref(), q.error.as_deref())
-        .await
+async fn callback(
+    State(svc): State<Service>,
+    Q(q): Q<Callback>,
+    headers: axum::http::HeaderMap,
+) -> ApiResult<Response> {
+    let browser = session::cookie(&headers, "unicas_oidc");
+    svc.oidc_callback(
+        q.code.as_deref(),
+        q.state.as_deref(),
+        q.error.as_deref(),
+        browser.as_deref(),
+    )
+    .await
+}
+
+async fn login_link_page(Path(token): Path<String>) -> ApiResult<Response> {
+    session::login_link_page(&token)
 }
 
 async fn login_with_link(
@@ -663,7 +677,10 @@ pub fn router() -> Router<Service> {
         .route("/admin/session", get(session_info))
         .route("/admin/logout", post(logout))
         .route("/admin/providers", get(providers))
-        .route("/admin/login/link/{token}", get(login_with_link))
+        .route(
+            "/admin/login/link/{token}",
+            get(login_link_page).post(login_with_link),
+        )
         .route("/admin/login/{provider}", get(login))
         .route("/admin/oidc/callback", get(callback))
         .route("/admin/apps", get(list_apps).post(create_app))

@@ -30,6 +30,19 @@ use crate::{Service, now_ms};
 const METADATA_TTL: Duration = Duration::from_secs(600);
 /// How long a started sign-in may take.
 const LOGIN_TTL_MS: i64 = 10 * 60 * 1000;
+/// The cookie that binds a started sign-in to the browser that started it.
+const BROWSER_COOKIE: &str = "unicas_oidc";
+
+/// The key a pending sign-in is stored under: its `state` bound to the browser's secret, so
+/// only the browser that started it can finish it (a `state` lured into another browser finds
+/// nothing).
+fn login_key(state: &str, browser: &str) -> String {
+    hex_of(&Sha256::digest(format!("{state}\0{browser}").as_bytes()))
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 #[derive(Debug, Clone, Deserialize)]
 struct Discovery {
@@ -149,11 +162,13 @@ impl Service {
         Ok((d, keys))
     }
 
-    /// `GET /admin/login/{provider}`: sends the browser to the provider.
+    /// `GET /admin/login/{provider}`: sends the browser to the provider, with a short-lived
+    /// HttpOnly cookie that the callback must present.
     pub async fn oidc_start(&self, name: &str) -> ApiResult<Response> {
         let p = provider(self, name)?;
         let (d, _) = self.oidc_metadata(p, false).await?;
         let state = random_token();
+        let browser = random_token();
         let login = OidcLogin {
             provider: p.name.clone(),
             nonce: random_token(),
@@ -162,7 +177,12 @@ impl Service {
         let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(login.pkce_verifier.as_bytes()));
         let now = now_ms();
         self.meta
-            .create_oidc_login(&state, &login, now, now + LOGIN_TTL_MS)
+            .create_oidc_login(
+                &login_key(&state, &browser),
+                &login,
+                now,
+                now + LOGIN_TTL_MS,
+            )
             .await?;
         let scopes = p
             .scopes
@@ -187,15 +207,30 @@ impl Service {
         } else {
             '?'
         };
-        Ok(Redirect::to(&format!("{}{sep}{query}", d.authorization_endpoint)).into_response())
+        let mut response =
+            Redirect::to(&format!("{}{sep}{query}", d.authorization_endpoint)).into_response();
+        let secure = self.public_url().starts_with("https://");
+        let cookie = format!(
+            "{BROWSER_COOKIE}={browser}; Path=/admin/oidc; HttpOnly; SameSite=Lax; Max-Age={}{}",
+            LOGIN_TTL_MS / 1000,
+            if secure { "; Secure" } else { "" }
+        );
+        response.headers_mut().append(
+            axum::http::header::SET_COOKIE,
+            axum::http::HeaderValue::from_str(&cookie)
+                .map_err(|e| ApiError::internal("building a cookie", e))?,
+        );
+        Ok(response)
     }
 
-    /// `GET /admin/oidc/callback`: finishes a sign-in.
+    /// `GET /admin/oidc/callback`: finishes a sign-in started by this browser (`browser`, the
+    /// value of its sign-in cookie).
     pub async fn oidc_callback(
         &self,
         code: Option<&str>,
         state: Option<&str>,
         error: Option<&str>,
+        browser: Option<&str>,
     ) -> ApiResult<Response> {
         let bad_state = || {
             ApiError::unauthorized(
@@ -204,9 +239,10 @@ impl Service {
             )
         };
         let state = state.ok_or_else(bad_state)?;
+        let browser = browser.ok_or_else(bad_state)?;
         let login = self
             .meta
-            .take_oidc_login(state, now_ms())
+            .take_oidc_login(&login_key(state, browser), now_ms())
             .await?
             .ok_or_else(bad_state)?;
         if let Some(e) = error {
@@ -279,7 +315,14 @@ impl Service {
             }
         };
         tracing::info!(account = %account.id, provider = %p.name, name = ?claims.name, "admin sign-in");
-        start_session(self, &account).await
+        let mut response = start_session(self, &account).await?;
+        response.headers_mut().append(
+            axum::http::header::SET_COOKIE,
+            axum::http::HeaderValue::from_static(
+                "unicas_oidc=; Path=/admin/oidc; HttpOnly; SameSite=Lax; Max-Age=0",
+            ),
+        );
+        Ok(response)
     }
 
     async fn verify_id_token(

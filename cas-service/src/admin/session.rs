@@ -32,15 +32,20 @@ pub fn token_hash(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
-fn cookie_value(headers: &HeaderMap) -> Option<String> {
+/// The value of the cookie `name`, if the request carries it.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
+}
+
+fn cookie_value(headers: &HeaderMap) -> Option<String> {
+    cookie(headers, COOKIE)
 }
 
 /// Compares two strings in time independent of where they differ.
@@ -242,7 +247,48 @@ pub async fn login_link(svc: &Service) -> anyhow::Result<String> {
     Ok(format!("{}/admin/login/link/{token}", svc.public_url()))
 }
 
-/// Signs in with a login link (once).
+/// `GET` of a login link: a page with a button that signs in. Only the `POST` it sends uses
+/// the link, so a link previewer or scanner that fetches the URL cannot burn it.
+pub fn login_link_page(token: &str) -> ApiResult<Response> {
+    if token.is_empty()
+        || token.len() > 128
+        || !token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ApiError::unauthorized(
+            "LOGIN_LINK_INVALID",
+            "this login link is unknown, used or expired",
+        ));
+    }
+    let page = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Sign in to UniCAS admin</title>\
+         <style>body{{font:16px system-ui,sans-serif;max-width:28rem;margin:4rem auto;padding:0 1rem}}\
+         button{{font:inherit;padding:.6rem 1.2rem;border-radius:6px;border:1px solid #245;background:#2a5d9f;color:#fff;cursor:pointer}}</style>\
+         </head><body><h1>UniCAS admin</h1>\
+         <p>This one-time link signs you in as the local operator. It stops working once used.</p>\
+         <form method=\"post\" action=\"/admin/login/link/{token}\">\
+         <button type=\"submit\" id=\"sign-in\">Sign in</button></form></body></html>"
+    );
+    let mut response = axum::response::Html(page).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
+        ),
+    );
+    Ok(response)
+}
+
+/// Signs in with a login link (once): the `POST` of its page.
 pub async fn use_login_link(svc: &Service, token: &str) -> ApiResult<Response> {
     let invalid = || {
         ApiError::unauthorized(

@@ -76,8 +76,11 @@ impl Service {
             app,
             space,
             permission,
-            &self.config.audience,
-            self.config.auth_leeway_s,
+            crate::auth::VerifyOptions {
+                audience: &self.config.audience,
+                leeway_s: self.config.auth_leeway_s,
+                max_lifetime_s: self.config.max_capability_lifetime_s,
+            },
         )
         .await?;
         self.limit_app(app)?;
@@ -143,6 +146,9 @@ pub async fn get_node(
         )
         .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
         .header("x-unicas-content-type", content.row.content_type.as_str());
+    if crate::web_guard::is_active_type(&content.row.content_type) {
+        builder = builder.header(header::CONTENT_SECURITY_POLICY, "sandbox");
+    }
     if let Some((start, end)) = content.range {
         builder = builder.header(
             header::CONTENT_RANGE,

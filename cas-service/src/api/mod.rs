@@ -141,9 +141,41 @@ async fn not_found() -> ApiError {
     ApiError::not_found("NOT_FOUND", "no such route")
 }
 
+/// Refuses admin-plane requests to a host the deployment does not answer to, and changes
+/// requested by pages of another origin (see [`crate::web_guard`]).
+async fn guard_browser(State(svc): State<Service>, req: Request, next: Next) -> Response {
+    match crate::web_guard::check(
+        &svc.allowed_hosts,
+        Some(svc.public_url()),
+        req.method(),
+        req.headers(),
+    ) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            let (code, message) = refusal.code_and_message();
+            let status = match refusal {
+                crate::web_guard::Refusal::Host(_) => axum::http::StatusCode::MISDIRECTED_REQUEST,
+                crate::web_guard::Refusal::Origin(_) => axum::http::StatusCode::FORBIDDEN,
+            };
+            ApiError::new(status, code, message).into_response()
+        }
+    }
+}
+
+/// `/metrics` alone, for a listener of its own.
+pub fn metrics_router(svc: Service) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(svc)
+}
+
 /// The router of the service: data plane, operations and the OpenAPI document.
 pub fn router(svc: Service) -> Router {
-    let (data_plane, mut openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let serve_metrics = matches!(
+        svc.config.metrics_addr(),
+        Ok(crate::config::MetricsListen::Main)
+    );
+    let mut routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(data_plane::get_node))
         .routes(routes!(data_plane::get_metadata))
         .routes(routes!(data_plane::lease))
@@ -155,9 +187,11 @@ pub fn router(svc: Service) -> Router {
         ))
         .routes(routes!(data_plane::upload))
         .routes(routes!(healthz))
-        .routes(routes!(readyz))
-        .routes(routes!(metrics))
-        .split_for_parts();
+        .routes(routes!(readyz));
+    if serve_metrics {
+        routes = routes.routes(routes!(metrics));
+    }
+    let (data_plane, mut openapi) = routes.split_for_parts();
     openapi.info.version = env!("CARGO_PKG_VERSION").to_string();
     let openapi = Arc::new(openapi);
     let json_limit = match svc.config.json_body_limit {
@@ -173,7 +207,10 @@ pub fn router(svc: Service) -> Router {
                 async move { Json(doc.as_ref().clone()) }
             }),
         )
-        .merge(crate::admin::router())
+        .merge(
+            crate::admin::router()
+                .layer(middleware::from_fn_with_state(svc.clone(), guard_browser)),
+        )
         .fallback(not_found)
         .layer(Extension(extract::JsonLimit(json_limit)))
         .layer(middleware::from_fn_with_state(svc.clone(), count_requests))

@@ -12,7 +12,7 @@
 //! after GC marked the node never reuses a key that a late delete could still hit. The `app.`
 //! and `space.` prefixes keep identifiers such as `..` from ever being a path component.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 
 use bytes::Bytes;
@@ -20,9 +20,11 @@ use cas_format::{AppId, Hash, SpaceId};
 use futures_util::Stream;
 use tokio::io::AsyncRead;
 
+mod dir;
 mod fs;
 mod s3;
 
+pub use dir::{SafeDir, SpoolFile};
 pub use fs::FsStore;
 pub use s3::S3Store;
 
@@ -109,6 +111,103 @@ pub enum BlobError {
         key: String,
         message: String,
     },
+    /// The local disk is below its free-space floor: nothing more is written to it.
+    #[error("only {free} bytes are free, below the floor of {floor}")]
+    Full { free: u64, floor: u64 },
+}
+
+/// Runs blocking filesystem work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+/// Where a store spools bytes: a directory held by handle, with a free-space floor below which
+/// nothing more is written.
+#[derive(Debug, Clone)]
+pub struct Spool {
+    dir: SafeDir,
+    min_free: u64,
+}
+
+impl Spool {
+    pub fn new(dir: SafeDir, min_free: u64) -> Self {
+        Spool { dir, min_free }
+    }
+
+    /// Fails with [`BlobError::Full`] when the disk is below its floor.
+    pub async fn check_free(&self) -> Result<(), BlobError> {
+        if self.min_free == 0 {
+            return Ok(());
+        }
+        let dir = self.dir.clone();
+        let free = blocking(move || dir.free_bytes())
+            .await
+            .map_err(|source| BlobError::Io {
+                op: "check free space of",
+                key: self.dir.path().display().to_string(),
+                source,
+            })?;
+        if free < self.min_free {
+            return Err(BlobError::Full {
+                free,
+                floor: self.min_free,
+            });
+        }
+        Ok(())
+    }
+
+    /// A new spool file named `<prefix>…`.
+    pub async fn file(&self, prefix: &str) -> Result<SpoolFile, BlobError> {
+        self.check_free().await?;
+        let dir = self.dir.clone();
+        let prefix = prefix.to_string();
+        blocking(move || SpoolFile::create(&dir, &prefix))
+            .await
+            .map_err(|source| BlobError::Io {
+                op: "create spool file in",
+                key: self.dir.path().display().to_string(),
+                source,
+            })
+    }
+
+    /// Writes `body` (at most `max` bytes) to a new spool file for `key`; checks the floor
+    /// again every 8 MiB.
+    pub async fn write(
+        &self,
+        key: &str,
+        mut body: BodyStream,
+        max: u64,
+    ) -> Result<(SpoolFile, u64), PutOnceError> {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let spool = self.file("upload-").await?;
+        let io = |source| BlobError::Io {
+            op: "spool",
+            key: key.to_string(),
+            source,
+        };
+        let mut file = tokio::fs::File::from_std(spool.handle().map_err(io)?);
+        let mut written = 0u64;
+        let mut checked = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(PutOnceError::Body)?;
+            written += chunk.len() as u64;
+            if written > max {
+                return Err(PutOnceError::TooLarge(max));
+            }
+            if written - checked > 8 << 20 {
+                self.check_free().await?;
+                checked = written;
+            }
+            file.write_all(&chunk).await.map_err(io)?;
+        }
+        file.flush().await.map_err(io)?;
+        Ok((spool, written))
+    }
 }
 
 /// A presigned request a client can make directly to the object store.
@@ -130,17 +229,20 @@ impl BlobStore {
     pub async fn open(config: &Config) -> anyhow::Result<Self> {
         let url = config.blob_store()?;
         if let Some(path) = url.strip_prefix("file://") {
-            return Ok(BlobStore::Fs(FsStore::open(Path::new(path))?));
+            return Ok(BlobStore::Fs(FsStore::open(
+                Path::new(path),
+                config.min_free_bytes,
+            )?));
         }
         Ok(BlobStore::S3(S3Store::open(config, &url).await?))
     }
 
     /// Where spool files live: on the same filesystem as the objects when they are files, so
     /// that publishing is a rename.
-    pub fn spool_dir(&self, config: &Config) -> PathBuf {
+    pub fn spool(&self) -> &Spool {
         match self {
-            BlobStore::Fs(fs) => fs.spool_dir(),
-            BlobStore::S3(_) => config.data_dir.join("spool"),
+            BlobStore::Fs(fs) => fs.spool(),
+            BlobStore::S3(s3) => s3.spool(),
         }
     }
 
@@ -179,8 +281,8 @@ impl BlobStore {
         }
     }
 
-    /// Stores a finished local file at `key`, consuming it (a rename on the filesystem).
-    pub async fn put_file(&self, key: &str, file: &Path, len: u64) -> Result<(), BlobError> {
+    /// Stores a finished spool file at `key`, consuming it (a rename on the filesystem).
+    pub async fn put_file(&self, key: &str, file: SpoolFile, len: u64) -> Result<(), BlobError> {
         match self {
             BlobStore::Fs(fs) => fs.put_file(key, file).await,
             BlobStore::S3(s3) => s3.put_file(key, file, len).await,

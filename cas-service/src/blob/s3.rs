@@ -3,7 +3,6 @@
 //! `AWS_REGION`, profiles, instance roles); endpoint and path-style addressing from the
 //! configuration.
 
-use std::path::Path;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
@@ -13,10 +12,11 @@ use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use cas_format::NODE_MEDIA_TYPE;
-use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
 
-use super::{BlobError, BodyStream, ListedObject, ObjectReader, Presigned, PutOnceError};
+use super::{
+    BlobError, BodyStream, ListedObject, ObjectReader, Presigned, PutOnceError, SafeDir, Spool,
+    SpoolFile,
+};
 use crate::config::Config;
 
 #[derive(Debug, Clone)]
@@ -24,7 +24,24 @@ pub struct S3Store {
     client: Client,
     bucket: String,
     prefix: String,
-    spool: std::path::PathBuf,
+    spool: Spool,
+}
+
+/// A body that reads a spool file through its open handle, from the start, on every attempt
+/// (`/proc/self/fd` names the open file itself, so no link can redirect it).
+async fn spool_body(spool: &SpoolFile, key: &str, len: u64) -> Result<ByteStream, BlobError> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/self/fd/{}", spool.file().as_raw_fd());
+    ByteStream::read_from()
+        .path(path)
+        .length(aws_sdk_s3::primitives::Length::Exact(len))
+        .build()
+        .await
+        .map_err(|e| BlobError::S3 {
+            op: "read spool for",
+            key: key.to_string(),
+            message: e.to_string(),
+        })
 }
 
 fn s3_err<E, R>(op: &'static str, key: &str, e: SdkError<E, R>) -> BlobError
@@ -75,15 +92,19 @@ impl S3Store {
         if let Some(endpoint) = &config.s3_endpoint {
             builder = builder.endpoint_url(endpoint);
         }
-        let spool = config.data_dir.join("spool");
-        std::fs::create_dir_all(&spool)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", spool.display()))?;
+        let dir = config.data_dir.join("spool");
+        let spool = SafeDir::open_root(&dir, true)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", dir.display()))?;
         Ok(S3Store {
             client: Client::from_conf(builder.build()),
             bucket: bucket.to_string(),
             prefix,
-            spool,
+            spool: Spool::new(spool, config.min_free_bytes),
         })
+    }
+
+    pub fn spool(&self) -> &Spool {
+        &self.spool
     }
 
     fn key(&self, key: &str) -> String {
@@ -128,46 +149,11 @@ impl S3Store {
     pub async fn put_once(
         &self,
         key: &str,
-        mut body: BodyStream,
+        body: BodyStream,
         max: u64,
     ) -> Result<u64, PutOnceError> {
-        let spool = tempfile::Builder::new()
-            .prefix("upload-")
-            .tempfile_in(&self.spool)
-            .map_err(|source| BlobError::Io {
-                op: "create spool file for",
-                key: key.to_string(),
-                source,
-            })?;
-        let (file, path) = spool.into_parts();
-        let mut file = tokio::fs::File::from_std(file);
-        let mut written = 0u64;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(PutOnceError::Body)?;
-            written += chunk.len() as u64;
-            if written > max {
-                return Err(PutOnceError::TooLarge(max));
-            }
-            file.write_all(&chunk)
-                .await
-                .map_err(|source| BlobError::Io {
-                    op: "spool",
-                    key: key.to_string(),
-                    source,
-                })?;
-        }
-        file.flush().await.map_err(|source| BlobError::Io {
-            op: "spool",
-            key: key.to_string(),
-            source,
-        })?;
-        let body = ByteStream::from_path(&path)
-            .await
-            .map_err(|e| BlobError::S3 {
-                op: "read spool for",
-                key: key.to_string(),
-                message: e.to_string(),
-            })?;
+        let (spool, written) = self.spool.write(key, body, max).await?;
+        let body = spool_body(&spool, key, written).await?;
         let result = self
             .client
             .put_object()
@@ -188,14 +174,8 @@ impl S3Store {
         }
     }
 
-    pub async fn put_file(&self, key: &str, file: &Path, len: u64) -> Result<(), BlobError> {
-        let body = ByteStream::from_path(file)
-            .await
-            .map_err(|e| BlobError::S3 {
-                op: "read spool for",
-                key: key.to_string(),
-                message: e.to_string(),
-            })?;
+    pub async fn put_file(&self, key: &str, spool: SpoolFile, len: u64) -> Result<(), BlobError> {
+        let body = spool_body(&spool, key, len).await?;
         self.client
             .put_object()
             .bucket(&self.bucket)
@@ -205,7 +185,7 @@ impl S3Store {
             .send()
             .await
             .map_err(|e| s3_err("put", key, e))?;
-        let _ = tokio::fs::remove_file(file).await;
+        drop(spool);
         Ok(())
     }
 

@@ -514,6 +514,28 @@ impl Partition {
             .await
     }
 
+    /// Gives a generation still awaiting its upload a new URL expiry (and a slot that lasts at
+    /// least as long); `false` if it is no longer awaiting an upload.
+    pub async fn refresh_upload_url(
+        &mut self,
+        gen_id: &str,
+        url_expires_at: i64,
+        expires_at: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let n = sqlx::query(
+            "UPDATE upload_generations SET url_expires_at = $2, \
+             expires_at = CASE WHEN expires_at < $3 THEN $3 ELSE expires_at END \
+             WHERE gen_id = $1 AND state = 'awaiting_upload'",
+        )
+        .bind(gen_id)
+        .bind(url_expires_at)
+        .bind(expires_at)
+        .execute(&mut **self.tx())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
     /// Keeps a validated generation alive while its children are being uploaded.
     pub async fn touch_generation(
         &mut self,
