@@ -10,6 +10,7 @@
 //! was published (its lease ran out) is stored again.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,13 @@ pub enum Source {
     /// only if) it has to be uploaded.
     FileSlice {
         path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
+    /// An `application/octet-stream` leaf whose content is a slice of an open spool file
+    /// (never re-opened by name, so nothing can redirect it).
+    Spooled {
+        file: Arc<File>,
         offset: u64,
         len: u64,
     },
@@ -75,6 +83,16 @@ impl Plan {
             refs: Vec::new(),
             portable_len: prefix + len,
             source: Source::FileSlice { path, offset, len },
+        });
+    }
+
+    /// Adds an octet-stream leaf whose content is `len` bytes of the open `file` at `offset`.
+    pub fn add_spooled(&mut self, hash: Hash, file: Arc<File>, offset: u64, len: u64) {
+        let prefix = leaf_descriptor(len).prefix_len();
+        self.nodes.entry(hash).or_insert(PlannedNode {
+            refs: Vec::new(),
+            portable_len: prefix + len,
+            source: Source::Spooled { file, offset, len },
         });
     }
 
@@ -272,16 +290,19 @@ impl<'a> Uploader<'a> {
         node: &PlannedNode,
         target: &cas_format::wire::UploadTarget,
     ) -> Result<(), ClientError> {
-        let bytes = portable_bytes(hash, &node.source).await?;
-        let len = bytes.len() as u64;
-        {
+        // The permit is taken before the bytes are read, so at most `parallelism` nodes are in
+        // memory at once, whatever the size of the file they come from.
+        let len = {
             let _permit = self
                 .calls
                 .acquire()
                 .await
                 .map_err(|_| ClientError::Cancelled)?;
+            let bytes = portable_bytes(hash, &node.source).await?;
+            let len = bytes.len() as u64;
             self.client.upload(target, bytes).await?;
-        }
+            len
+        };
         self.uploaded_nodes.fetch_add(1, Ordering::Relaxed);
         self.uploaded_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
@@ -316,6 +337,27 @@ async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes, ClientErr
                 )));
             }
             Ok(Bytes::from(out))
+        }
+        Source::Spooled { file, offset, len } => {
+            let (file, offset, len, hash) = (file.clone(), *offset, *len, *hash);
+            tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::FileExt;
+                let mut out = leaf_descriptor(len)
+                    .prefix()
+                    .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                let start = out.len();
+                out.resize(start + len as usize, 0);
+                file.read_exact_at(&mut out[start..], offset)
+                    .map_err(|e| ClientError::io("cannot read the spool file", e))?;
+                if Hash::digest(&out) != hash {
+                    return Err(ClientError::Invalid(
+                        "the spool file changed while it was being stored".into(),
+                    ));
+                }
+                Ok(Bytes::from(out))
+            })
+            .await
+            .map_err(|e| ClientError::Invalid(format!("reading the spool failed: {e}")))?
         }
     }
 }

@@ -23,6 +23,7 @@
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use cas_format::svalue::{self, SValueLimits};
@@ -104,23 +105,30 @@ fn plan_index(plan: &mut Plan, mut level: Vec<(Hash, u64)>) -> Result<Hash, Clie
     }
 }
 
-/// Plans the file at `path` into `plan` (reading it once to hash it, never holding it whole).
-/// Blocking: call it from a blocking thread.
-pub fn plan_file(plan: &mut Plan, path: &Path) -> Result<FileRef, ClientError> {
-    let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
-    let file = File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
+/// Plans `size` bytes of content read from `reader`, chunked when large; `add` records each
+/// leaf (hash, offset in the content, length) with where its bytes can be read again. Never
+/// holds more than one chunk in memory. `what` names the content in errors.
+fn plan_content(
+    plan: &mut Plan,
+    reader: impl Read,
+    size: u64,
+    what: &dyn std::fmt::Display,
+    mut add: impl FnMut(&mut Plan, Hash, u64, u64),
+) -> Result<FileRef, ClientError> {
+    let io = |e| ClientError::io(format!("cannot read {what}"), e);
     if size <= CHUNKING_THRESHOLD {
         let mut content = Vec::with_capacity(size as usize);
-        file.take(size + 1).read_to_end(&mut content).map_err(io)?;
+        reader
+            .take(size + 1)
+            .read_to_end(&mut content)
+            .map_err(io)?;
         if content.len() as u64 != size {
             return Err(ClientError::Invalid(format!(
-                "{} changed while it was read",
-                path.display()
+                "{what} changed while it was read"
             )));
         }
         let hash = hash_leaf(&content)?;
-        plan.add_file_slice(hash, path.to_path_buf(), 0, size);
+        add(plan, hash, 0, size);
         return Ok(FileRef {
             node: hash,
             size,
@@ -130,23 +138,81 @@ pub fn plan_file(plan: &mut Plan, path: &Path) -> Result<FileRef, ClientError> {
     let mut chunks = Vec::new();
     let mut total = 0u64;
     for chunk in fastcdc::v2020::StreamCDC::new(
-        BufReader::with_capacity(1 << 20, file),
+        BufReader::with_capacity(1 << 20, reader),
         CHUNK_MIN,
         CHUNK_AVG,
         CHUNK_MAX,
     ) {
-        let chunk = chunk
-            .map_err(|e| ClientError::Invalid(format!("cannot read {}: {e}", path.display())))?;
+        let chunk = chunk.map_err(|e| ClientError::Invalid(format!("cannot read {what}: {e}")))?;
         let hash = hash_leaf(&chunk.data)?;
-        plan.add_file_slice(hash, path.to_path_buf(), chunk.offset, chunk.length as u64);
+        add(plan, hash, chunk.offset, chunk.length as u64);
         chunks.push((hash, chunk.length as u64));
         total += chunk.length as u64;
+    }
+    if total != size {
+        return Err(ClientError::Invalid(format!(
+            "{what} changed while it was read"
+        )));
     }
     let node = plan_index(plan, chunks)?;
     Ok(FileRef {
         node,
         size: total,
         chunked: true,
+    })
+}
+
+/// Plans the file at `path` into `plan` (reading it once to hash it, never holding it whole).
+/// Blocking: call it from a blocking thread.
+pub fn plan_file(plan: &mut Plan, path: &Path) -> Result<FileRef, ClientError> {
+    let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
+    let file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    let owned = path.to_path_buf();
+    plan_content(
+        plan,
+        file,
+        size,
+        &path.display(),
+        |plan, hash, offset, len| plan.add_file_slice(hash, owned.clone(), offset, len),
+    )
+}
+
+/// Reads `len` bytes of an open file from `offset`, through the handle.
+struct SliceReader<'a> {
+    file: &'a File,
+    offset: u64,
+    end: u64,
+}
+
+impl Read for SliceReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let want = (self.end - self.offset).min(buf.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.offset)?;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+/// Plans `len` bytes of the open spool `file` from `offset` as a file; its leaves are read
+/// again through the handle when they are uploaded. Blocking.
+pub fn plan_spooled(
+    plan: &mut Plan,
+    file: &Arc<File>,
+    offset: u64,
+    len: u64,
+) -> Result<FileRef, ClientError> {
+    let reader = SliceReader {
+        file,
+        offset,
+        end: offset + len,
+    };
+    plan_content(plan, reader, len, &"the spool file", |plan, hash, at, n| {
+        plan.add_spooled(hash, file.clone(), offset + at, n)
     })
 }
 
@@ -187,6 +253,8 @@ pub fn plan_bytes(plan: &mut Plan, bytes: &[u8]) -> Result<FileRef, ClientError>
 /// A parsed index node.
 struct Index {
     depth: u32,
+    /// The `size` it states.
+    size: u64,
     entries: Vec<(Hash, u64)>,
 }
 
@@ -225,10 +293,81 @@ fn parse_index(hash: &Hash, content: &[u8]) -> Result<Index, ClientError> {
             ))
         })
         .collect::<Result<_, ClientError>>()?;
-    Ok(Index { depth, entries })
+    let size = value
+        .get("size")
+        .and_then(Value::as_i64)
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| bad("size"))? as u64;
+    Ok(Index {
+        depth,
+        size,
+        entries,
+    })
 }
 
 impl AppCasClient {
+    /// The size of the chunked file whose index is `node`, checked all the way down: every
+    /// chunk holds what its index lists, every index's `size` is the sum of its entries, and
+    /// depths decrease by one. `depth` is the depth the parent expects (`None` at the top).
+    pub(crate) fn index_size<'a>(
+        &'a self,
+        space: &'a SpaceId,
+        node: &'a Hash,
+        depth: Option<u32>,
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, ClientError>> {
+        Box::pin(async move {
+            let bad =
+                |what: String| ClientError::Invalid(format!("chunked file index {node}: {what}"));
+            let content = self.read_svalue_node(space, node).await?;
+            let index = parse_index(node, &content).map_err(|e| bad(e.to_string()))?;
+            if depth.is_some_and(|d| d != index.depth) {
+                return Err(bad(format!(
+                    "depth {} where {depth:?} was expected",
+                    index.depth
+                )));
+            }
+            let child_depth = index.depth.checked_sub(1);
+            let children: Vec<Hash> = index.entries.iter().map(|(h, _)| *h).collect();
+            let mut sizes = Vec::with_capacity(children.len());
+            let mut pending = futures_util::stream::iter(children)
+                .map(|child| async move {
+                    match child_depth {
+                        None => Ok(self.read_metadata(space, &child).await?.metadata.size),
+                        Some(d) => self.index_size_owned(space, child, d).await,
+                    }
+                })
+                .buffered(8);
+            while let Some(size) = pending.next().await {
+                sizes.push(size?);
+            }
+            let mut total = 0u64;
+            for ((child, listed), actual) in index.entries.iter().zip(sizes) {
+                if *listed != actual {
+                    return Err(bad(format!(
+                        "lists {listed} bytes for {child}, which holds {actual}"
+                    )));
+                }
+                total = total.saturating_add(actual);
+            }
+            if total != index.size {
+                return Err(bad(format!(
+                    "states {} bytes, its entries hold {total}",
+                    index.size
+                )));
+            }
+            Ok(total)
+        })
+    }
+
+    async fn index_size_owned(
+        &self,
+        space: &SpaceId,
+        node: Hash,
+        depth: u32,
+    ) -> Result<u64, ClientError> {
+        self.index_size(space, &node, Some(depth)).await
+    }
+
     /// Streams a node's content to `out`, checking it against `hash`: the content type and
     /// size come with the content, refs are known empty for leaves.
     async fn copy_leaf<W: AsyncWrite + Unpin + Send>(

@@ -12,7 +12,9 @@ mod client;
 pub mod dag;
 mod error;
 pub mod files;
+pub mod spool_tree;
 mod store;
+pub mod tarball;
 pub mod transfer;
 pub mod tree;
 
@@ -21,6 +23,7 @@ pub use client::{AppCasClient, MAX_NODE_BYTES, RetryPolicy};
 pub use dag::{DagReport, Plan, Uploader};
 pub use error::ClientError;
 pub use files::FileRef;
+pub use spool_tree::TreeBuilder;
 pub use store::{EnsureReport, Ensured};
 pub use transfer::{ExportReport, ImportReport};
-pub use tree::{Change, Entry, TreeStats, WalkedEntry};
+pub use tree::{Change, Entry, PathError, TreeStats, WalkedEntry, parse_path};

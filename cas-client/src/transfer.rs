@@ -20,6 +20,7 @@ use bytes::Bytes;
 use cas_format::archive::{ArchiveLimits, ArchiveReader, ArchiveSummary, ArchiveWriter};
 use cas_format::wire::LeaseResponse;
 use cas_format::{ContentType, Hash, NodeDescriptor, RequestId, SpaceId};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::client::AppCasClient;
@@ -43,6 +44,30 @@ pub struct ImportReport {
     pub uploaded_bytes: u64,
     /// The root-ref update, if one was asked: (revision, whether it was a replay).
     pub retained: Option<(u64, bool)>,
+}
+
+/// Bytes of archive nodes an import holds in memory at once, in KiB (64 MiB).
+const IMPORT_BUDGET_KIB: usize = 64 << 10;
+
+/// Reads an open file from its start, through the handle (`pread`), whatever its position.
+struct FileFromStart {
+    file: Arc<std::fs::File>,
+    at: u64,
+}
+
+impl FileFromStart {
+    fn new(file: Arc<std::fs::File>) -> Self {
+        FileFromStart { file, at: 0 }
+    }
+}
+
+impl std::io::Read for FileFromStart {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
 }
 
 fn invalid(e: impl std::fmt::Display) -> ClientError {
@@ -82,6 +107,17 @@ impl AppCasClient {
     ) -> Result<ExportReport, ClientError> {
         let file = std::fs::File::create(path)
             .map_err(|e| ClientError::io(format!("cannot create {}", path.display()), e))?;
+        self.export_to(space, roots, file, progress).await
+    }
+
+    /// Writes `roots` and all their descendants as an archive to the open `file`.
+    pub async fn export_to(
+        &self,
+        space: &SpaceId,
+        roots: &[Hash],
+        file: std::fs::File,
+        progress: Option<Progress>,
+    ) -> Result<ExportReport, ClientError> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
         let roots_owned = roots.to_vec();
         let writer = tokio::task::spawn_blocking(move || {
@@ -167,13 +203,29 @@ impl AppCasClient {
         parallelism: usize,
         progress: Option<Progress>,
     ) -> Result<ImportReport, ClientError> {
+        let file = std::fs::File::open(path)
+            .map_err(|e| ClientError::io(format!("cannot open {}", path.display()), e))?;
+        self.import_file(space, file, retain, lease_ms, parallelism, progress)
+            .await
+    }
+
+    /// Imports the archive in the open `file` (read from its start, through the handle only)
+    /// into `space`; with `retain`, then acquires one root ref per root with that request id.
+    pub async fn import_file(
+        &self,
+        space: &SpaceId,
+        file: std::fs::File,
+        retain: Option<&RequestId>,
+        lease_ms: u64,
+        parallelism: usize,
+        progress: Option<Progress>,
+    ) -> Result<ImportReport, ClientError> {
+        let file = Arc::new(file);
         // 1. Verify everything, offline.
-        let p = path.to_path_buf();
+        let f = file.clone();
         let summary = tokio::task::spawn_blocking(move || {
-            let file = std::fs::File::open(&p)
-                .map_err(|e| ClientError::io(format!("cannot open {}", p.display()), e))?;
             ArchiveReader::new(
-                BufReader::with_capacity(1 << 20, file),
+                BufReader::with_capacity(1 << 20, FileFromStart::new(f)),
                 ArchiveLimits::default(),
             )
             .and_then(|r| r.verify_to_end())
@@ -194,7 +246,7 @@ impl AppCasClient {
         }
         // 3. Store what is missing, children before parents.
         let (uploaded_nodes, uploaded_bytes) = self
-            .import_nodes(space, path, lease_ms, parallelism.max(1), progress)
+            .import_nodes(space, file, lease_ms, parallelism.max(1), progress)
             .await?;
         // 4. Only now, the root refs.
         let retained = match retain {
@@ -217,24 +269,32 @@ impl AppCasClient {
     async fn import_nodes(
         &self,
         space: &SpaceId,
-        path: &Path,
+        file: Arc<std::fs::File>,
         lease_ms: u64,
         parallelism: usize,
         progress: Option<Progress>,
     ) -> Result<(u64, u64), ClientError> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<Hash>, Bytes)>(parallelism * 2);
-        let p = path.to_path_buf();
+        // Nodes in memory (read ahead or being stored) are bounded in bytes, not only in
+        // number: a node holds `max(size, 1 KiB)` of the budget until it is stored.
+        let budget = Arc::new(Semaphore::new(IMPORT_BUDGET_KIB));
+        let (tx, mut rx) =
+            tokio::sync::mpsc::channel::<(Hash, Vec<Hash>, Bytes, OwnedSemaphorePermit)>(1);
+        let read_budget = budget.clone();
         let reader = tokio::task::spawn_blocking(move || {
-            let file = std::fs::File::open(&p)
-                .map_err(|e| ClientError::io(format!("cannot open {}", p.display()), e))?;
             let mut r = ArchiveReader::new(
-                BufReader::with_capacity(1 << 20, file),
+                BufReader::with_capacity(1 << 20, FileFromStart::new(file)),
                 ArchiveLimits::default(),
             )
             .map_err(invalid)?;
             while let Some(n) = r.next_node().map_err(invalid)? {
+                let kib = (n.bytes.len() / 1024).clamp(1, IMPORT_BUDGET_KIB) as u32;
+                let Ok(permit) = tokio::runtime::Handle::current()
+                    .block_on(read_budget.clone().acquire_many_owned(kib))
+                else {
+                    break;
+                };
                 if tx
-                    .blocking_send((n.hash, n.descriptor.refs, Bytes::from(n.bytes)))
+                    .blocking_send((n.hash, n.descriptor.refs, Bytes::from(n.bytes), permit))
                     .is_err()
                 {
                     break;
@@ -261,7 +321,7 @@ impl AppCasClient {
             }
             Ok::<(), ClientError>(())
         };
-        while let Some((hash, refs, bytes)) = rx.recv().await {
+        while let Some((hash, refs, bytes, permit)) = rx.recv().await {
             // A parent waits until none of its children is still in flight.
             while in_flight.len() >= parallelism || refs.iter().any(|c| flying.contains(c)) {
                 if let Some(r) = in_flight.join_next().await {
@@ -271,7 +331,9 @@ impl AppCasClient {
             flying.insert(hash);
             let (client, space) = (client.clone(), space.clone());
             in_flight.spawn(async move {
-                let r = client.ensure_node(&space, &hash, &bytes, lease_ms).await?;
+                let r = client.ensure_node(&space, &hash, &bytes, lease_ms).await;
+                drop((bytes, permit));
+                let r = r?;
                 match r.state {
                     crate::store::Ensured::Ready { .. } => Ok((hash, r.uploaded_bytes)),
                     crate::store::Ensured::AwaitingChildren(missing) => Err(ClientError::Invalid(format!(
