@@ -340,37 +340,158 @@ fn content_type_of(path: &str) -> &'static str {
     }
 }
 
-/// Streams the file at `path` of version `v`.
-async fn stream_file(hub: &Hub, pid: &str, v: &VersionView, path: &str) -> HubResult<Response> {
+/// Streams the file at `path` of version `v`. A URL that names a revision or version is
+/// immutable; the head (`immutable` false) is revalidated with its ETag. Files are the users'
+/// data: never sniffed, always sandboxed, and active types (HTML, SVG, scripts, XML) are
+/// served as attachments, so nothing stored can run with the API's origin.
+async fn stream_file(
+    hub: &Hub,
+    pid: &str,
+    v: &VersionView,
+    path: &str,
+    immutable: bool,
+    headers: &HeaderMap,
+) -> HubResult<Response> {
     let file = hub.file_at(pid, v, path).await?;
-    let space = project_space(pid)?;
-    let (mut writer, reader) = tokio::io::duplex(256 << 10);
-    let cas = hub.cas.clone();
-    tokio::spawn(async move {
-        if let Err(e) = cas.read_file_ref(&space, &file, &mut writer).await {
-            tracing::warn!(error = %e, "streaming a file failed");
-        }
-    });
-    let mut resp =
-        Body::from_stream(ReaderStream::with_capacity(reader, 256 << 10)).into_response();
+    let etag = format!("\"{}\"", file.node);
+    let matches = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+    let mut resp = if matches {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        let space = project_space(pid)?;
+        let (mut writer, reader) = tokio::io::duplex(256 << 10);
+        let cas = hub.cas.clone();
+        tokio::spawn(async move {
+            if let Err(e) = cas.read_file_ref(&space, &file, &mut writer).await {
+                tracing::warn!(error = %e, "streaming a file failed");
+            }
+        });
+        let mut r =
+            Body::from_stream(ReaderStream::with_capacity(reader, 256 << 10)).into_response();
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(file.size));
+        r
+    };
+    let content_type = content_type_of(path);
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(content_type_of(path)),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(file.size));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(
         header::CACHE_CONTROL,
-        HeaderValue::from_static("private, max-age=31536000, immutable"),
+        HeaderValue::from_static(if immutable {
+            "private, max-age=31536000, immutable"
+        } else {
+            "private, no-cache"
+        }),
     );
     h.insert(
-        "x-content-type-options",
+        header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", file.node)) {
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+    if cas_service::web_guard::is_active_type(content_type) {
+        let name: String = path
+            .rsplit('/')
+            .next()
+            .unwrap_or("file")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || ".-_".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+            h.insert(header::CONTENT_DISPOSITION, v);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&etag) {
         h.insert(header::ETAG, v);
     }
     Ok(resp)
+}
+
+/// Answers a version and its workspace listing as the envelope, streaming the entries as the
+/// tree is walked: the answer's memory does not grow with the tree.
+async fn stream_workspace(hub: &Hub, pid: &str, version: VersionView) -> HubResult<Response> {
+    let space = project_space(pid)?;
+    let tree: cas_format::Hash = version
+        .tree
+        .parse()
+        .map_err(|e| HubError::internal("a stored hash is invalid", e))?;
+    let head = serde_json::to_vec(&version)
+        .map_err(|e| HubError::internal("cannot encode a version", e))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(8);
+    let (started_tx, started) = tokio::sync::oneshot::channel::<HubResult<()>>();
+    let cas = hub.cas.clone();
+    tokio::spawn(async move {
+        let mut walk = match cas
+            .walk(&space, &tree, cas_client::tree::TreeLimits::default())
+            .await
+        {
+            Ok(w) => {
+                let _ = started_tx.send(Ok(()));
+                w
+            }
+            Err(e) => {
+                let _ = started_tx.send(Err(crate::workspace::edit_error(e)));
+                return;
+            }
+        };
+        let mut buf = b"{\"success\":true,\"data\":{\"version\":".to_vec();
+        buf.extend_from_slice(&head);
+        buf.extend_from_slice(b",\"entries\":[");
+        let mut first = true;
+        loop {
+            match walk.next().await {
+                Ok(Some(w)) => {
+                    if !first {
+                        buf.push(b',');
+                    }
+                    first = false;
+                    if serde_json::to_writer(&mut buf, &ListedEntry::from(w)).is_err() {
+                        return;
+                    }
+                    if buf.len() >= 64 << 10
+                        && tx.send(Ok(std::mem::take(&mut buf).into())).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a workspace listing stopped half way");
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    return;
+                }
+            }
+        }
+        buf.extend_from_slice(b"]}}");
+        let _ = tx.send(Ok(buf.into())).await;
+    });
+    started
+        .await
+        .map_err(|e| HubError::internal("the listing task failed", e))??;
+    let mut resp = Body::from_stream(tokio_stream_of(rx)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// A stream of what a channel receives.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 // ---------- system ----------
@@ -399,8 +520,7 @@ async fn readyz(State(hub): State<Hub>) -> HubResult<&'static str> {
 async fn get_catalog(State(hub): State<Hub>, Caller(user): Caller) -> HubResult<Response> {
     let cat = hub.catalog().await?;
     let projects = cat
-        .projects
-        .iter()
+        .projects()
         .filter_map(|p| {
             hub.project_view(&user, p).map(|view| CatalogProject {
                 project: view,
@@ -475,8 +595,7 @@ async fn list_projects(
 ) -> HubResult<Response> {
     let cat = hub.catalog().await?;
     let visible: Vec<ProjectView> = cat
-        .projects
-        .iter()
+        .projects()
         .filter_map(|p| hub.project_view(&user, p))
         .collect();
     Ok(ok(page(visible, &q, |p| p.id.clone())))
@@ -647,8 +766,9 @@ async fn storage(
     hub.project_for(&user, &pid, Role::Viewer).await?;
     let usage = hub.cas.usage(&project_space(&pid)?).await?;
     let row = sqlx::query(
-        // SUM over BIGINT is NUMERIC on Postgres: cast back so both databases answer BIGINT.
-        "SELECT CAST(COALESCE(SUM(CASE WHEN state = 'kept' THEN logical_bytes ELSE 0 END), 0) AS BIGINT) AS logical, \
+        // Summed as floating point (an imported or legacy row can be huge; an integer SUM
+        // would overflow with an error), and clamped below.
+        "SELECT CAST(COALESCE(SUM(CASE WHEN state = 'kept' THEN CAST(logical_bytes AS DOUBLE PRECISION) ELSE 0 END), 0) AS DOUBLE PRECISION) AS logical, \
          CAST(COALESCE(SUM(CASE WHEN state = 'kept' THEN 1 ELSE 0 END), 0) AS BIGINT) AS kept, \
          CAST(COALESCE(SUM(CASE WHEN state = 'pruned' THEN 1 ELSE 0 END), 0) AS BIGINT) AS pruned \
          FROM hub_versions WHERE project_id = $1",
@@ -656,7 +776,12 @@ async fn storage(
     .bind(&pid)
     .fetch_one(&hub.db.pool)
     .await?;
-    let logical: i64 = row.try_get("logical")?;
+    let logical_f: f64 = row.try_get("logical")?;
+    let logical = if logical_f >= i64::MAX as f64 {
+        i64::MAX
+    } else {
+        logical_f.max(0.0) as i64
+    };
     Ok(ok(StorageView {
         project_id: pid,
         node_count: usage.node_count,
@@ -895,8 +1020,7 @@ async fn get_workspace(
     check_nid(&nid)?;
     let (_, nb) = hub.notebook_for(&user, &pid, &nid, Role::Viewer).await?;
     let version = hub.loadable(&nb, q.revision).await?;
-    let entries = hub.listing(&pid, &version).await?;
-    Ok(ok(WorkspaceView { version, entries }))
+    stream_workspace(&hub, &pid, version).await
 }
 
 /// Saves the workspace (editor): changed and deleted files only, on top of `expected_revision`.
@@ -937,12 +1061,13 @@ async fn workspace_file(
     Caller(user): Caller,
     Path((pid, nid, path)): Path<(String, String, String)>,
     Q(q): Q<RevisionQuery>,
+    headers: HeaderMap,
 ) -> HubResult<Response> {
     check_pid(&pid)?;
     check_nid(&nid)?;
     let (_, nb) = hub.notebook_for(&user, &pid, &nid, Role::Viewer).await?;
     let v = hub.loadable(&nb, q.revision).await?;
-    stream_file(&hub, &pid, &v, &path).await
+    stream_file(&hub, &pid, &v, &path, q.revision.is_some(), &headers).await
 }
 
 /// Versions newest first (viewer); pruned ones stay listed.
@@ -992,8 +1117,7 @@ async fn get_version(
     let (_, nb) = hub.notebook_for(&user, &pid, &nid, Role::Viewer).await?;
     let v = hub.version_by_id(&nb, &vid).await?;
     let version = hub.loadable(&nb, Some(v.revision)).await?;
-    let entries = hub.listing(&pid, &version).await?;
-    Ok(ok(WorkspaceView { version, entries }))
+    stream_workspace(&hub, &pid, version).await
 }
 
 /// One file of a version (viewer), streamed. 410 if the version was pruned.
@@ -1005,13 +1129,14 @@ async fn version_file(
     State(hub): State<Hub>,
     Caller(user): Caller,
     Path((pid, nid, vid, path)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
 ) -> HubResult<Response> {
     check_pid(&pid)?;
     check_nid(&nid)?;
     let (_, nb) = hub.notebook_for(&user, &pid, &nid, Role::Viewer).await?;
     let v = hub.version_by_id(&nb, &vid).await?;
     let v = hub.loadable(&nb, Some(v.revision)).await?;
-    stream_file(&hub, &pid, &v, &path).await
+    stream_file(&hub, &pid, &v, &path, true, &headers).await
 }
 
 /// Restores a version: writes a new revision with its files (editor).
@@ -1130,9 +1255,23 @@ async fn import(
     Caller(user): Caller,
     Path(pid): Path<String>,
     Q(q): Q<ImportQuery>,
+    headers: HeaderMap,
     body: Body,
 ) -> HubResult<Response> {
     check_pid(&pid)?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !(ct.starts_with("application/vnd.unicas.archive")
+        || ct.starts_with("application/octet-stream"))
+    {
+        return Err(HubError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "the body must be an archive (Content-Type: application/vnd.unicas.archive)",
+        ));
+    }
     let reader = body_reader(body);
     let h = hub.clone();
     let done = spawn(async move { h.import_notebook(&user, &pid, &q.title, reader).await }).await?;
@@ -1257,7 +1396,33 @@ pub fn router(hub: Hub) -> Router {
     json_routes
         .merge(stream_routes)
         .fallback(|| async { HubError::not_found("no such route") })
-        .with_state(hub)
+        .with_state(hub.clone())
         .merge(docs)
+        .layer(axum::middleware::from_fn_with_state(hub, guard_browser))
         .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// Refuses requests to a host the hub does not answer to, and changes requested by pages of
+/// another origin (see [`cas_service::web_guard`]).
+async fn guard_browser(
+    State(hub): State<Hub>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match cas_service::web_guard::check(
+        &hub.allowed_hosts,
+        hub.config.public_url.as_deref(),
+        req.method(),
+        req.headers(),
+    ) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            let (code, message) = refusal.code_and_message();
+            let status = match refusal {
+                cas_service::web_guard::Refusal::Host(_) => StatusCode::MISDIRECTED_REQUEST,
+                cas_service::web_guard::Refusal::Origin(_) => StatusCode::FORBIDDEN,
+            };
+            HubError::new(status, code, message).into_response()
+        }
+    }
 }

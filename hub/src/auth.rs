@@ -114,6 +114,19 @@ impl Hub {
         self.user(&user_id).await?.ok_or_else(bad)
     }
 
+    /// The user `id` if it exists and is not suspended.
+    pub async fn user_standing(&self, id: &str) -> HubResult<Option<User>> {
+        let suspended: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT suspended_at_ms FROM hub_users WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.db.pool)
+                .await?;
+        match suspended {
+            Some(None) => self.user(id).await,
+            _ => Ok(None),
+        }
+    }
+
     pub async fn user(&self, id: &str) -> HubResult<Option<User>> {
         let row = sqlx::query("SELECT id, name, email, super_admin FROM hub_users WHERE id = $1")
             .bind(id)

@@ -1,14 +1,21 @@
-//! The catalog: every project and notebook with its metadata, as one immutable snapshot node
-//! (an SValue in the hub's catalog Space). The only mutable part is the head row naming the
-//! current snapshot. A mutation writes a new snapshot, retains it and releases the old one in
-//! one root-ref update (new +1, old −1), and swaps the head with an optimistic check on its
-//! sequence number, all while holding the catalog lock. Listing everything is one read.
+//! The catalog: every project and notebook with its metadata, as immutable nodes in the hub's
+//! catalog Space: one node per project (its metadata and its notebooks' entries), part nodes
+//! that list up to [`FANOUT`] project nodes each, and a root node (the snapshot) that lists the
+//! parts. The only mutable part is the head row naming the current root. A mutation encodes
+//! again only the projects it changed (plus the small part and root nodes), writes the new
+//! root, retains it and releases the old one in one root-ref update (new +1, old −1), and
+//! swaps the head with an optimistic check on its sequence number, all while holding the
+//! catalog lock. A change costs what the touched project costs, and no project's size can make
+//! another's changes fail: each project has stated limits ([`crate::config::HubConfig`]).
+//! Listing everything is one head read plus the nodes not already cached.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use cas_format::{Hash, SpaceId, Value};
+use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use utoipa::ToSchema;
@@ -21,9 +28,13 @@ use crate::outbox::{Effect, Payload, Pending};
 /// The Space holding catalog snapshots (project Spaces are their project ids).
 pub const CATALOG_SPACE: &str = "hub.catalog";
 pub const CATALOG_LOCK: &str = "catalog";
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version 1 was one node holding everything; version 2 is root, parts and project nodes.
+pub const SCHEMA_VERSION: u32 = 2;
+/// Project nodes per part node, and part nodes per root.
+pub const FANOUT: usize = 128;
+/// Most projects a catalog can list.
+pub const MAX_CATALOG_PROJECTS: usize = FANOUT * FANOUT;
 
-/// A project role, lowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -93,43 +104,163 @@ pub struct ProjectEntry {
     pub notebooks: Vec<NotebookEntry>,
 }
 
-/// One catalog snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// One catalog snapshot. Its projects are shared with other snapshots (`Arc`), and each
+/// remembers the node it was read from until it is changed.
+#[derive(Debug, Clone, Default)]
 pub struct Catalog {
     pub snapshot_id: String,
-    pub schema_version: u32,
     pub created_at: String,
     pub operation: String,
     pub actor: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_snapshot_id: Option<String>,
-    pub projects: Vec<ProjectEntry>,
+    projects: Vec<Arc<ProjectEntry>>,
+    /// The node each project was read from or last written as; `None` once it changed.
+    nodes: Vec<Option<Hash>>,
+}
+
+/// The nodes a catalog change writes, and its root.
+pub struct Encoded {
+    pub nodes: HashMap<Hash, Bytes>,
+    pub root: Hash,
+    pub root_node: Bytes,
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value, String> {
+    let json = serde_json::to_value(v).map_err(|e| e.to_string())?;
+    serde_json::from_value(json).map_err(|e| e.to_string())
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, String> {
+    let json = serde_json::to_value(v).map_err(|e| e.to_string())?;
+    serde_json::from_value(json).map_err(|e| e.to_string())
+}
+
+fn node_of(value: &Value) -> HubResult<(Hash, Bytes)> {
+    let portable = cas_client::files::svalue_node(value)
+        .map_err(|e| HubError::internal("cannot encode a catalog node", e))?;
+    Ok((Hash::digest(&portable), portable))
+}
+
+/// A catalog snapshot of schema version 1: everything in one node.
+#[derive(Deserialize)]
+struct CatalogV1 {
+    snapshot_id: String,
+    schema_version: u32,
+    created_at: String,
+    operation: String,
+    actor: String,
+    #[serde(default)]
+    previous_snapshot_id: Option<String>,
+    projects: Vec<ProjectEntry>,
 }
 
 impl Catalog {
+    pub fn projects(&self) -> impl Iterator<Item = &ProjectEntry> {
+        self.projects.iter().map(|p| p.as_ref())
+    }
+
+    pub fn project_count(&self) -> usize {
+        self.projects.len()
+    }
+
     pub fn project(&self, id: &str) -> Option<&ProjectEntry> {
-        self.projects.iter().find(|p| p.id == id)
+        self.projects
+            .iter()
+            .find(|p| p.id == id)
+            .map(|p| p.as_ref())
     }
 
+    /// A project to change; it will be encoded again.
     pub fn project_mut(&mut self, id: &str) -> Option<&mut ProjectEntry> {
-        self.projects.iter_mut().find(|p| p.id == id)
+        let i = self.projects.iter().position(|p| p.id == id)?;
+        self.nodes[i] = None;
+        Some(Arc::make_mut(&mut self.projects[i]))
     }
 
-    fn to_value(&self) -> Result<Value, String> {
-        let json = serde_json::to_value(self).map_err(|e| e.to_string())?;
-        serde_json::from_value(json).map_err(|e| e.to_string())
+    pub fn add_project(&mut self, p: ProjectEntry) {
+        self.projects.push(Arc::new(p));
+        self.nodes.push(None);
     }
 
-    fn from_value(v: Value) -> Result<Catalog, String> {
-        let json = serde_json::to_value(&v).map_err(|e| e.to_string())?;
-        let c: Catalog = serde_json::from_value(json).map_err(|e| e.to_string())?;
-        if c.schema_version > SCHEMA_VERSION {
-            return Err(format!(
-                "catalog snapshot {} has schema version {}, newer than this hub understands ({SCHEMA_VERSION}); upgrade the hub",
-                c.snapshot_id, c.schema_version
+    pub fn remove_project(&mut self, id: &str) {
+        if let Some(i) = self.projects.iter().position(|p| p.id == id) {
+            self.projects.remove(i);
+            self.nodes.remove(i);
+        }
+    }
+
+    /// Encodes the projects that changed (refusing one over `project_max_bytes` with 422
+    /// `quota_exceeded`), the parts and the root.
+    pub fn encode(&mut self, project_max_bytes: u64) -> HubResult<Encoded> {
+        if self.projects.len() > MAX_CATALOG_PROJECTS {
+            return Err(HubError::quota(
+                "projects",
+                MAX_CATALOG_PROJECTS as u64,
+                "the deployment holds as many projects as a catalog can list",
             ));
         }
-        Ok(c)
+        let mut nodes = HashMap::new();
+        for (p, node) in self.projects.iter().zip(self.nodes.iter_mut()) {
+            if node.is_some() {
+                continue;
+            }
+            let value = Value::map([
+                ("kind", Value::from("hub-project")),
+                ("schema_version", Value::from(SCHEMA_VERSION)),
+                (
+                    "project",
+                    to_value(p.as_ref())
+                        .map_err(|e| HubError::internal("cannot encode a project", e))?,
+                ),
+            ]);
+            let (hash, portable) = node_of(&value)?;
+            if portable.len() as u64 > project_max_bytes {
+                return Err(HubError::quota(
+                    "project_bytes",
+                    project_max_bytes,
+                    &format!(
+                        "project {} would take {} bytes of metadata (its notebooks' titles, descriptions, tags); shorten some or move notebooks to another project",
+                        p.id,
+                        portable.len()
+                    ),
+                ));
+            }
+            nodes.insert(hash, portable);
+            *node = Some(hash);
+        }
+        let hashes: Vec<Hash> = self.nodes.iter().flatten().copied().collect();
+        let mut parts = Vec::new();
+        for group in hashes.chunks(FANOUT) {
+            let value = Value::map([
+                ("kind", Value::from("hub-catalog-part")),
+                (
+                    "projects",
+                    Value::Array(group.iter().map(|h| Value::Blob(*h)).collect()),
+                ),
+            ]);
+            let (hash, portable) = node_of(&value)?;
+            nodes.insert(hash, portable);
+            parts.push(Value::Blob(hash));
+        }
+        let mut fields = vec![
+            ("kind", Value::from("hub-catalog")),
+            ("schema_version", Value::from(SCHEMA_VERSION)),
+            ("snapshot_id", Value::from(self.snapshot_id.as_str())),
+            ("created_at", Value::from(self.created_at.as_str())),
+            ("operation", Value::from(self.operation.as_str())),
+            ("actor", Value::from(self.actor.as_str())),
+            ("parts", Value::Array(parts)),
+        ];
+        if let Some(prev) = &self.previous_snapshot_id {
+            fields.push(("previous_snapshot_id", Value::from(prev.as_str())));
+        }
+        let (root, root_node) = node_of(&Value::map(fields))?;
+        nodes.insert(root, root_node.clone());
+        Ok(Encoded {
+            nodes,
+            root,
+            root_node,
+        })
     }
 }
 
@@ -157,26 +288,73 @@ pub struct Head {
     pub hash: Hash,
 }
 
-/// Parsed snapshots by hash (immutable, so never stale).
-#[derive(Default)]
+/// Parsed catalog nodes by hash (immutable, so never stale), bounded in bytes: project entries
+/// by the size of their node, and the last few snapshots (which share their projects).
 pub struct SnapshotCache {
-    map: std::sync::Mutex<HashMap<Hash, Arc<Catalog>>>,
+    inner: std::sync::Mutex<CacheInner>,
+    max_bytes: usize,
 }
 
+#[derive(Default)]
+struct CacheInner {
+    snapshots: VecDeque<(Hash, Arc<Catalog>)>,
+    projects: HashMap<Hash, (Arc<ProjectEntry>, usize)>,
+    order: VecDeque<Hash>,
+    bytes: usize,
+}
+
+/// Snapshots kept parsed (each shares its projects with the others).
+const SNAPSHOTS_KEPT: usize = 4;
+
 impl SnapshotCache {
-    fn get(&self, h: &Hash) -> Option<Arc<Catalog>> {
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(h)
-            .cloned()
-    }
-    fn put(&self, h: Hash, c: Arc<Catalog>) {
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= 16 {
-            m.clear();
+    pub fn new(max_bytes: usize) -> Self {
+        SnapshotCache {
+            inner: std::sync::Mutex::new(CacheInner::default()),
+            max_bytes,
         }
-        m.insert(h, c);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn snapshot(&self, h: &Hash) -> Option<Arc<Catalog>> {
+        self.lock()
+            .snapshots
+            .iter()
+            .find(|(k, _)| k == h)
+            .map(|(_, c)| c.clone())
+    }
+
+    fn put_snapshot(&self, h: Hash, c: Arc<Catalog>) {
+        let mut inner = self.lock();
+        inner.snapshots.retain(|(k, _)| *k != h);
+        inner.snapshots.push_back((h, c));
+        while inner.snapshots.len() > SNAPSHOTS_KEPT {
+            inner.snapshots.pop_front();
+        }
+    }
+
+    fn project(&self, h: &Hash) -> Option<Arc<ProjectEntry>> {
+        self.lock().projects.get(h).map(|(p, _)| p.clone())
+    }
+
+    fn put_project(&self, h: Hash, p: Arc<ProjectEntry>, size: usize) {
+        let mut inner = self.lock();
+        if size > self.max_bytes / 4 || inner.projects.contains_key(&h) {
+            return;
+        }
+        inner.projects.insert(h, (p, size));
+        inner.order.push_back(h);
+        inner.bytes += size;
+        while inner.bytes > self.max_bytes {
+            let Some(old) = inner.order.pop_front() else {
+                break;
+            };
+            if let Some((_, n)) = inner.projects.remove(&old) {
+                inner.bytes -= n;
+            }
+        }
     }
 }
 
@@ -184,6 +362,10 @@ pub fn catalog_space() -> SpaceId {
     CATALOG_SPACE
         .parse()
         .unwrap_or_else(|_| unreachable!("constant Space id"))
+}
+
+fn kind_of(v: &Value) -> Option<&str> {
+    v.get("kind").and_then(Value::as_str)
 }
 
 impl Hub {
@@ -201,22 +383,109 @@ impl Hub {
         }))
     }
 
-    async fn load_snapshot(&self, hash: &Hash) -> HubResult<Arc<Catalog>> {
-        if let Some(c) = self.snapshots.get(hash) {
-            return Ok(c);
-        }
+    async fn read_catalog_node(&self, hash: &Hash) -> HubResult<(Value, usize)> {
         let content = self.cas.read_svalue_node(&catalog_space(), hash).await?;
         let (value, _) = cas_format::svalue::decode(&content)
-            .map_err(|e| HubError::internal("a catalog snapshot cannot be decoded", e))?;
-        let c = Arc::new(
-            Catalog::from_value(value)
-                .map_err(|e| HubError::internal("a catalog snapshot cannot be read", e))?,
-        );
-        self.snapshots.put(*hash, c.clone());
+            .map_err(|e| HubError::internal("a catalog node cannot be decoded", e))?;
+        Ok((value, content.len()))
+    }
+
+    async fn load_project(&self, hash: Hash) -> HubResult<Arc<ProjectEntry>> {
+        if let Some(p) = self.snapshots.project(&hash) {
+            return Ok(p);
+        }
+        let (value, size) = self.read_catalog_node(&hash).await?;
+        if kind_of(&value) != Some("hub-project") {
+            return Err(HubError::internal(
+                "a catalog part lists a node that is no project",
+                hash,
+            ));
+        }
+        let entry: ProjectEntry = value
+            .get("project")
+            .ok_or_else(|| "no project".to_string())
+            .and_then(from_value)
+            .map_err(|e| HubError::internal("a project node cannot be read", e))?;
+        let entry = Arc::new(entry);
+        self.snapshots.put_project(hash, entry.clone(), size);
+        Ok(entry)
+    }
+
+    async fn load_snapshot(&self, hash: &Hash) -> HubResult<Arc<Catalog>> {
+        if let Some(c) = self.snapshots.snapshot(hash) {
+            return Ok(c);
+        }
+        let (root, _) = self.read_catalog_node(hash).await?;
+        let text = |k: &str| root.get(k).and_then(Value::as_str).map(str::to_string);
+        let schema = root
+            .get("schema_version")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        if schema > i64::from(SCHEMA_VERSION) {
+            return Err(HubError::internal(
+                "a catalog snapshot is newer than this hub understands; upgrade the hub",
+                schema,
+            ));
+        }
+        let catalog = if kind_of(&root) == Some("hub-catalog") {
+            let parts: Vec<Hash> = root
+                .get("parts")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_blob).collect())
+                .unwrap_or_default();
+            let mut project_nodes = Vec::new();
+            for part in parts {
+                let (value, _) = self.read_catalog_node(&part).await?;
+                if kind_of(&value) != Some("hub-catalog-part") {
+                    return Err(HubError::internal(
+                        "a catalog root lists a node that is no part",
+                        part,
+                    ));
+                }
+                project_nodes.extend(
+                    value
+                        .get("projects")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(Value::as_blob).collect::<Vec<_>>())
+                        .unwrap_or_default(),
+                );
+            }
+            let projects: Vec<Arc<ProjectEntry>> =
+                futures_util::stream::iter(project_nodes.iter().copied())
+                    .map(|h| self.load_project(h))
+                    .buffered(16)
+                    .try_collect()
+                    .await?;
+            Catalog {
+                snapshot_id: text("snapshot_id").unwrap_or_default(),
+                created_at: text("created_at").unwrap_or_default(),
+                operation: text("operation").unwrap_or_default(),
+                actor: text("actor").unwrap_or_default(),
+                previous_snapshot_id: text("previous_snapshot_id"),
+                nodes: project_nodes.into_iter().map(Some).collect(),
+                projects,
+            }
+        } else {
+            // Schema version 1: one node; its projects are encoded on the next change.
+            let v1: CatalogV1 = from_value(&root)
+                .map_err(|e| HubError::internal("a catalog snapshot cannot be read", e))?;
+            let _ = v1.schema_version;
+            Catalog {
+                snapshot_id: v1.snapshot_id,
+                created_at: v1.created_at,
+                operation: v1.operation,
+                actor: v1.actor,
+                previous_snapshot_id: v1.previous_snapshot_id,
+                nodes: vec![None; v1.projects.len()],
+                projects: v1.projects.into_iter().map(Arc::new).collect(),
+            }
+        };
+        let c = Arc::new(catalog);
+        self.snapshots.put_snapshot(*hash, c.clone());
         Ok(c)
     }
 
-    /// The current catalog (one head read, the snapshot from cache or one node read).
+    /// The current catalog (one head read; nodes from cache or read once).
     pub async fn catalog(&self) -> HubResult<Arc<Catalog>> {
         match self.head().await? {
             Some(h) => self.load_snapshot(&h.hash).await,
@@ -262,39 +531,29 @@ impl Hub {
                 h.seq,
                 Some(h.hash),
             ),
-            None => (
-                Catalog {
-                    snapshot_id: String::new(),
-                    schema_version: SCHEMA_VERSION,
-                    created_at: String::new(),
-                    operation: String::new(),
-                    actor: String::new(),
-                    previous_snapshot_id: None,
-                    projects: Vec::new(),
-                },
-                0,
-                None,
-            ),
+            None => (Catalog::default(), 0, None),
         };
         let (out, effects) = f(&mut next)?;
         let previous = (!next.snapshot_id.is_empty()).then(|| next.snapshot_id.clone());
         next.snapshot_id = ids::snapshot_id();
-        next.schema_version = SCHEMA_VERSION;
         next.created_at = ids::rfc3339(ids::now_ms());
         next.operation = operation.to_string();
         next.actor = actor.to_string();
         next.previous_snapshot_id = previous;
-        let value = next
-            .to_value()
-            .map_err(|e| HubError::internal("cannot encode the catalog", e))?;
-        let portable = cas_client::files::svalue_node(&value)
-            .map_err(|e| HubError::internal("cannot encode the catalog", e))?;
-        let hash = Hash::digest(&portable);
+        let encoded = next.encode(self.config.project_max_bytes)?;
+        let hash = encoded.root;
         let space = catalog_space();
-        let nodes = HashMap::from([(hash, portable.clone())]);
         self.cas
-            .store_dag(&space, &nodes, &[hash], self.config.lease_ms, 1)
-            .await?;
+            .store_dag(&space, &encoded.nodes, &[hash], self.config.lease_ms, 8)
+            .await
+            .map_err(|e| match e.status() {
+                Some(413) => HubError::quota(
+                    "project_bytes",
+                    self.config.project_max_bytes,
+                    "the content store refused a project's metadata as too large",
+                ),
+                _ => e.into(),
+            })?;
         let mut changes = std::collections::BTreeMap::from([(hash, 1i64)]);
         if let Some(old) = old
             && old != hash
@@ -312,13 +571,13 @@ impl Hub {
                 snapshot_hash: hash,
                 effects,
             },
-            root_node: Some(portable),
+            root_node: Some(encoded.root_node),
         };
         let mut tx = self.db.write().await?;
         pending.insert(&mut tx).await?;
         tx.commit().await?;
         self.complete(&pending, false).await?;
-        self.snapshots.put(hash, Arc::new(next));
+        self.snapshots.put_snapshot(hash, Arc::new(next));
         Ok(out)
     }
 

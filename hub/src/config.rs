@@ -70,6 +70,29 @@ pub struct HubConfig {
     /// `UNICAS_HUB_RECOVERY_INTERVAL_MS`: how often outbox rows left by a dead writer are
     /// settled (`0` = only at start).
     pub recovery_interval_ms: u64,
+    /// `UNICAS_HUB_MAX_PROJECTS`: projects of the deployment (at most 16,384).
+    pub max_projects: u64,
+    /// `UNICAS_HUB_MAX_PROJECTS_PER_USER`: projects one user may own (super admins excepted;
+    /// `0` = no limit).
+    pub max_projects_per_user: u64,
+    /// `UNICAS_HUB_MAX_NOTEBOOKS_PER_PROJECT`: notebooks of one project, live or in the trash.
+    pub max_notebooks_per_project: u64,
+    /// `UNICAS_HUB_PROJECT_MAX_BYTES`: the encoded metadata of one project and its notebooks'
+    /// entries (below the CAS's node limit).
+    pub project_max_bytes: u64,
+    /// `UNICAS_HUB_MAX_CONCURRENT_SPOOLS`: pushes, imports and staged uploads spooled at once;
+    /// beyond, 503 `busy` with `Retry-After`.
+    pub max_concurrent_spools: usize,
+    /// `UNICAS_HUB_MIN_FREE_BYTES`: below this many free bytes on the data directory's disk,
+    /// requests that spool answer 507 instead of filling it (`0` = no floor).
+    pub min_free_bytes: u64,
+    /// `UNICAS_HUB_ALLOWED_HOSTS`: host names (optionally `host:port`) the hub answers to,
+    /// comma-separated, `*` for any; unset: the loopback names when it listens on loopback,
+    /// else any.
+    pub allowed_hosts: String,
+    /// `UNICAS_HUB_PUBLIC_URL`: the origin browsers reach the hub at, when a proxy in front
+    /// rewrites `Host` (accepted as the hub's own origin for changes).
+    pub public_url: Option<String>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -115,6 +138,14 @@ impl HubConfig {
             lease_ms: 3_600_000,
             parallelism: 16,
             recovery_interval_ms: 30_000,
+            max_projects: 10_000,
+            max_projects_per_user: 100,
+            max_notebooks_per_project: 1_000,
+            project_max_bytes: 16 << 20,
+            max_concurrent_spools: 4,
+            min_free_bytes: 512 << 20,
+            allowed_hosts: String::new(),
+            public_url: env("UNICAS_HUB_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string()),
         };
         parse("UNICAS_HUB_LISTEN", &mut c.listen)?;
         parse("UNICAS_HUB_USER", &mut c.local_user)?;
@@ -133,6 +164,22 @@ impl HubConfig {
             "UNICAS_HUB_RECOVERY_INTERVAL_MS",
             &mut c.recovery_interval_ms,
         )?;
+        parse("UNICAS_HUB_MAX_PROJECTS", &mut c.max_projects)?;
+        parse(
+            "UNICAS_HUB_MAX_PROJECTS_PER_USER",
+            &mut c.max_projects_per_user,
+        )?;
+        parse(
+            "UNICAS_HUB_MAX_NOTEBOOKS_PER_PROJECT",
+            &mut c.max_notebooks_per_project,
+        )?;
+        parse("UNICAS_HUB_PROJECT_MAX_BYTES", &mut c.project_max_bytes)?;
+        parse(
+            "UNICAS_HUB_MAX_CONCURRENT_SPOOLS",
+            &mut c.max_concurrent_spools,
+        )?;
+        parse("UNICAS_HUB_MIN_FREE_BYTES", &mut c.min_free_bytes)?;
+        parse("UNICAS_HUB_ALLOWED_HOSTS", &mut c.allowed_hosts)?;
         if let Some(v) = env("UNICAS_HUB_AUTH") {
             c.auth = match v.as_str() {
                 "none" => AuthMode::None,
@@ -172,7 +219,34 @@ impl HubConfig {
         if self.lease_ms < 60_000 {
             bail!("UNICAS_HUB_LEASE_MS must be at least 60000");
         }
+        if self.max_projects == 0 || self.max_projects > crate::catalog::MAX_CATALOG_PROJECTS as u64
+        {
+            bail!(
+                "UNICAS_HUB_MAX_PROJECTS must be 1..={}",
+                crate::catalog::MAX_CATALOG_PROJECTS
+            );
+        }
+        if self.max_notebooks_per_project == 0 || self.project_max_bytes < 64 << 10 {
+            bail!(
+                "UNICAS_HUB_MAX_NOTEBOOKS_PER_PROJECT must be positive and UNICAS_HUB_PROJECT_MAX_BYTES at least 65536"
+            );
+        }
+        if self.max_concurrent_spools == 0 {
+            bail!("UNICAS_HUB_MAX_CONCURRENT_SPOOLS must be positive");
+        }
+        if let Some(u) = &self.public_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            bail!("UNICAS_HUB_PUBLIC_URL must start with http:// or https://");
+        }
+        self.host_allow_list()?;
         Ok(())
+    }
+
+    /// The hosts the hub answers to.
+    pub fn host_allow_list(&self) -> anyhow::Result<cas_service::web_guard::AllowedHosts> {
+        cas_service::web_guard::AllowedHosts::parse(&self.allowed_hosts, self.listen_addr()?)
+            .context("UNICAS_HUB_ALLOWED_HOSTS")
     }
 
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {

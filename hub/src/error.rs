@@ -14,6 +14,8 @@ pub struct HubError {
     pub code: &'static str,
     pub message: String,
     pub details: Map<String, Value>,
+    /// Seconds for `Retry-After` (503 answers default to 1).
+    pub retry_after: Option<u32>,
 }
 
 pub type HubResult<T> = Result<T, HubError>;
@@ -25,6 +27,7 @@ impl HubError {
             code,
             message: message.into(),
             details: Map::new(),
+            retry_after: None,
         }
     }
 
@@ -63,6 +66,16 @@ impl HubError {
         )
         .with("title", title)
     }
+    /// A stated limit (`quota`, at most `limit`) would be exceeded; nothing was changed.
+    pub fn quota(quota: &str, limit: u64, message: &str) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "quota_exceeded",
+            format!("{message} (limit: {limit}); nothing was changed"),
+        )
+        .with("quota", quota)
+        .with("limit", limit)
+    }
     pub fn internal(context: &str, cause: impl std::fmt::Display) -> Self {
         tracing::error!(%cause, "{context}");
         Self::new(
@@ -73,6 +86,24 @@ impl HubError {
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+    }
+    /// Too many requests of this kind are under way; retry after `seconds`.
+    pub fn busy(message: impl Into<String>, seconds: u32) -> Self {
+        HubError {
+            retry_after: Some(seconds),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+        }
+    }
+    /// The disk is below its free-space floor; nothing was written.
+    pub fn insufficient_storage() -> Self {
+        HubError {
+            retry_after: Some(60),
+            ..Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                "the hub's disk is nearly full; nothing was stored",
+            )
+        }
     }
 }
 
@@ -120,17 +151,17 @@ impl IntoResponse for HubError {
         for (k, v) in self.details {
             error.insert(k, v);
         }
-        let retry = (self.status == StatusCode::SERVICE_UNAVAILABLE).then_some("1");
+        let retry = self
+            .retry_after
+            .or((self.status == StatusCode::SERVICE_UNAVAILABLE).then_some(1));
         let mut resp = (
             self.status,
             axum::Json(json!({"success": false, "error": Value::Object(error)})),
         )
             .into_response();
-        if let Some(r) = retry
-            && let Ok(v) = r.parse()
-        {
+        if let Some(r) = retry {
             resp.headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, v);
+                .insert(axum::http::header::RETRY_AFTER, r.into());
         }
         resp
     }

@@ -20,6 +20,7 @@ pub mod keys;
 pub mod lock;
 pub mod notebooks;
 pub mod outbox;
+pub mod spool;
 pub mod sync;
 pub mod transfer;
 pub mod workspace;
@@ -55,6 +56,9 @@ pub struct HubState {
     pub locks: Locks,
     pub cas: AppCasClient,
     pub(crate) snapshots: SnapshotCache,
+    pub spools: spool::Spools,
+    /// The hosts the hub answers to.
+    pub allowed_hosts: cas_service::web_guard::AllowedHosts,
 }
 
 /// A cheap handle to the hub.
@@ -104,11 +108,13 @@ impl Hub {
         .with_retry(RetryPolicy::default())
         .with_cache(64 << 20);
         Ok(Hub(Arc::new(HubState {
+            spools: spool::Spools::new(&config),
+            allowed_hosts: config.host_allow_list()?,
             config,
             db,
             locks,
             cas,
-            snapshots: SnapshotCache::default(),
+            snapshots: SnapshotCache::new(64 << 20),
         })))
     }
 

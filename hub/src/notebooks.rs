@@ -22,8 +22,6 @@ use crate::workspace::{
 pub const MAX_TITLE: usize = 200;
 pub const MAX_DESCRIPTION: usize = 4096;
 pub const MAX_TAGS: usize = 32;
-pub const MAX_PROJECTS: usize = 10_000;
-pub const MAX_NOTEBOOKS_PER_PROJECT: usize = 10_000;
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
 fn truncate_bytes(s: &str, max: usize) -> &str {
@@ -408,13 +406,25 @@ impl Hub {
             notebooks: Vec::new(),
         };
         let p = project.clone();
+        let (max_projects, per_user) =
+            (self.config.max_projects, self.config.max_projects_per_user);
         self.mutate_catalog(&user.id, "project.create", move |cat| {
-            if cat.projects.len() >= MAX_PROJECTS {
-                return Err(HubError::conflict(format!(
-                    "at most {MAX_PROJECTS} projects"
-                )));
+            if cat.project_count() as u64 >= max_projects {
+                return Err(HubError::quota(
+                    "projects",
+                    max_projects,
+                    "the deployment holds as many projects as it allows",
+                ));
             }
-            cat.projects.push(p);
+            let owned = cat.projects().filter(|p| p.owner == user.id).count() as u64;
+            if per_user > 0 && owned >= per_user && !user.super_admin {
+                return Err(HubError::quota(
+                    "projects_per_user",
+                    per_user,
+                    "you own as many projects as a user may; delete one first",
+                ));
+            }
+            cat.add_project(p);
             let ev = EventRow::new(
                 "project.create",
                 &user.id,
@@ -481,7 +491,7 @@ impl Hub {
                     p.notebooks.len()
                 )));
             }
-            cat.projects.retain(|p| p.id != pid);
+            cat.remove_project(pid);
             let ev = EventRow::new("project.delete", &user.id, Some(pid), None, serde_json::json!({}));
             Ok(((), vec![Effect::Event(ev)]))
         })
@@ -663,15 +673,18 @@ impl Hub {
         event: &str,
     ) -> HubResult<()> {
         let id = entry.id.clone();
+        let max = self.config.max_notebooks_per_project;
         self.mutate_catalog(&user.id, event, move |cat| {
             let p = cat.project_mut(pid).ok_or_else(|| project_gone(pid))?;
             if p.title_taken(&entry.title, None) {
                 return Err(HubError::name_taken(&entry.title));
             }
-            if p.notebooks.len() >= MAX_NOTEBOOKS_PER_PROJECT {
-                return Err(HubError::conflict(format!(
-                    "at most {MAX_NOTEBOOKS_PER_PROJECT} notebooks per project"
-                )));
+            if p.notebooks.len() as u64 >= max {
+                return Err(HubError::quota(
+                    "notebooks_per_project",
+                    max,
+                    "the project holds as many notebooks as it may, live or in the trash; purge some",
+                ));
             }
             let title = entry.title.clone();
             p.notebooks.push(entry);
@@ -688,6 +701,7 @@ impl Hub {
                     Effect::CreateNotebook {
                         notebook_id: id.clone(),
                         project_id: pid.to_string(),
+                        sync_token_owner: sync_token_hash.as_ref().map(|_| user.id.clone()),
                         sync_token_hash,
                     },
                     Effect::Event(ev),
@@ -967,6 +981,16 @@ impl Hub {
             .tree
             .parse()
             .map_err(|e| HubError::internal("bad tree hash", e))?;
+        // A tree that entered before the workspace limits held is not copied further.
+        let summary = self
+            .cas
+            .check_tree(
+                &project_space(pid)?,
+                &tree,
+                &cas_client::tree::TreeLimits::default(),
+            )
+            .await
+            .map_err(crate::workspace::edit_error)?;
         let now_ms = ids::now_ms();
         let entry = NotebookEntry {
             id: ids::notebook_id(),
@@ -990,10 +1014,7 @@ impl Hub {
             .await?;
         let spec = VersionSpec {
             tree,
-            stats: TreeStats {
-                files: v.file_count,
-                bytes: v.size_bytes,
-            },
+            stats: summary.stats,
             author: user.id.clone(),
             message: format!("Forked from {} revision {}", src.title, v.revision),
             kind: "fork".into(),
@@ -1099,8 +1120,8 @@ impl Hub {
         let spec = VersionSpec {
             tree,
             stats: TreeStats {
-                files: base.file_count + delta.files,
-                bytes: base.size_bytes + delta.bytes,
+                files: base.file_count.saturating_add(delta.files),
+                bytes: base.size_bytes.saturating_add(delta.bytes),
             },
             author: user.id.clone(),
             message,
@@ -1131,11 +1152,16 @@ impl Hub {
         }
         let secret = ids::secret();
         let mut tx = self.db.write().await?;
-        sqlx::query("UPDATE hub_notebooks SET sync_token_hash = $1 WHERE notebook_id = $2 AND state = 'live'")
-            .bind(sync_hash(nid, &secret))
-            .bind(nid)
-            .execute(tx.conn())
-            .await?;
+        // The manager who rotates it becomes the user the token acts for.
+        sqlx::query(
+            "UPDATE hub_notebooks SET sync_token_hash = $1, sync_token_owner = $2 \
+             WHERE notebook_id = $3 AND state = 'live'",
+        )
+        .bind(sync_hash(nid, &secret))
+        .bind(&user.id)
+        .bind(nid)
+        .execute(tx.conn())
+        .await?;
         EventRow::new(
             "notebook.sync_token",
             &user.id,

@@ -98,6 +98,8 @@ pub enum Effect {
         notebook_id: String,
         project_id: String,
         sync_token_hash: Option<String>,
+        #[serde(default)]
+        sync_token_owner: Option<String>,
     },
     Trash {
         notebook_id: String,
@@ -494,15 +496,17 @@ async fn apply_effect(tx: &mut WriteTx, e: &Effect, now: i64) -> HubResult<()> {
             notebook_id,
             project_id,
             sync_token_hash,
+            sync_token_owner,
         } => {
             sqlx::query(
                 "INSERT INTO hub_notebooks (notebook_id, project_id, state, head_revision, max_revision, \
-                 sync_token_hash, created_at_ms, updated_at_ms) VALUES ($1, $2, 'live', NULL, 0, $3, $4, $4) \
-                 ON CONFLICT (notebook_id) DO NOTHING",
+                 sync_token_hash, sync_token_owner, created_at_ms, updated_at_ms) \
+                 VALUES ($1, $2, 'live', NULL, 0, $3, $4, $5, $5) ON CONFLICT (notebook_id) DO NOTHING",
             )
             .bind(notebook_id)
             .bind(project_id)
             .bind(sync_token_hash)
+            .bind(sync_token_owner)
             .bind(now)
             .execute(tx.conn())
             .await?;

@@ -1,13 +1,15 @@
 //! Bodies that carry content: staged file uploads, workspace export (a CAS archive of every kept
-//! version) and import. Bodies are spooled to disk, bounded, never held in memory whole.
+//! version) and import. Bodies are spooled to anonymous files (see [`crate::spool`]), bounded,
+//! never held in memory whole. An imported archive is data: every version's tree is walked
+//! within the workspace limits and every size it claims is checked against the nodes, and what
+//! the hub records (files, bytes, author) is computed, not taken from the archive.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use cas_client::files::FileRef;
+use cas_client::tree::{TreeLimits, TreeMemo};
 use cas_client::{ClientError, Plan, TreeStats};
 use cas_format::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncRead;
 
 use crate::Hub;
 use crate::auth::User;
@@ -15,39 +17,9 @@ use crate::catalog::{NotebookEntry, Role, Source};
 use crate::error::{HubError, HubResult};
 use crate::ids;
 use crate::notebooks::CreatedNotebook;
-use crate::workspace::{NotebookRow, Parent, StagedFile, VERSION_KIND, VersionSpec, project_space};
-
-/// Copies `body` into a new temporary file of the spool directory, refusing more than `limit`
-/// bytes (413). Returns the file (deleted when dropped) and the bytes written.
-pub async fn spool<R: AsyncRead + Unpin>(
-    dir: &Path,
-    body: R,
-    limit: u64,
-    what: &str,
-) -> HubResult<(tempfile::NamedTempFile, u64)> {
-    tokio::fs::create_dir_all(dir)
-        .await
-        .map_err(|e| HubError::internal("cannot create the spool directory", e))?;
-    let tmp = tempfile::NamedTempFile::new_in(dir)
-        .map_err(|e| HubError::internal("cannot create a spool file", e))?;
-    let file = tmp
-        .reopen()
-        .map_err(|e| HubError::internal("cannot open a spool file", e))?;
-    let mut out = tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(file));
-    let mut limited = body.take(limit.saturating_add(1));
-    let n = tokio::io::copy(&mut limited, &mut out)
-        .await
-        .map_err(|e| HubError::invalid(format!("the {what} could not be read: {e}")))?;
-    if n > limit {
-        return Err(HubError::too_large(format!(
-            "the {what} is larger than {limit} bytes"
-        )));
-    }
-    out.flush()
-        .await
-        .map_err(|e| HubError::internal("cannot write a spool file", e))?;
-    Ok((tmp, n))
-}
+use crate::workspace::{
+    MAX_MESSAGE, NotebookRow, Parent, StagedFile, VERSION_KIND, VersionSpec, project_space,
+};
 
 fn client_invalid(e: ClientError) -> HubError {
     match e {
@@ -67,21 +39,19 @@ impl Hub {
     ) -> HubResult<StagedFile> {
         self.project_for(user, pid, Role::Editor).await?;
         let space = project_space(pid)?;
-        let (tmp, _) = spool(
-            &self.config.spool_dir(),
-            body,
-            self.config.upload_max_bytes,
-            "upload",
-        )
-        .await?;
-        let (file, _report): (FileRef, _) = self
+        let _slot = self.spools.slot()?;
+        let (file, len) = self
+            .spools
+            .copy(body, self.config.upload_max_bytes, "upload")
+            .await?;
+        let (file, _report) = self
             .cas
-            .store_file(
+            .store_spooled(
                 &space,
-                tmp.path(),
+                file,
+                len,
                 self.config.lease_ms,
                 self.config.parallelism,
-                None,
             )
             .await
             .map_err(client_invalid)?;
@@ -92,8 +62,8 @@ impl Hub {
         })
     }
 
-    /// Writes every kept version of the notebook (and all it references) to an archive in a
-    /// temporary file, already unlinked; returns it open at the start and its length.
+    /// Writes every kept version of the notebook (and all it references) to an archive in an
+    /// anonymous spool file; returns it open at the start and its length.
     pub async fn export_notebook(&self, nb: &NotebookRow) -> HubResult<(tokio::fs::File, u64)> {
         let roots: Vec<_> = self
             .kept_versions(&nb.notebook_id)
@@ -107,23 +77,16 @@ impl Hub {
                 nb.notebook_id
             )));
         }
-        let dir = self.config.spool_dir();
-        tokio::fs::create_dir_all(&dir)
-            .await
-            .map_err(|e| HubError::internal("cannot create the spool directory", e))?;
-        let tmp = tempfile::NamedTempFile::new_in(&dir)
-            .map_err(|e| HubError::internal("cannot create a spool file", e))?;
+        let _slot = self.spools.slot()?;
+        let mut file = self.spools.file()?;
+        let writer = file
+            .try_clone()
+            .map_err(|e| HubError::internal("cannot open a spool file", e))?;
         let space = project_space(&nb.project_id)?;
-        self.cas.export(&space, &roots, tmp.path(), None).await?;
-        let file = tmp
-            .reopen()
-            .map_err(|e| HubError::internal("cannot reopen the archive", e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| HubError::internal("cannot stat the archive", e))?
-            .len();
-        drop(tmp); // unlinked; the open handle keeps it readable
-        Ok((tokio::fs::File::from_std(file), len))
+        let report = self.cas.export_to(&space, &roots, writer, None).await?;
+        std::io::Seek::rewind(&mut file)
+            .map_err(|e| HubError::internal("cannot rewind the archive", e))?;
+        Ok((tokio::fs::File::from_std(file), report.bytes))
     }
 
     /// Creates a notebook from an exported archive: every node is verified and stored, then one
@@ -146,18 +109,16 @@ impl Hub {
             }
         }
         let space = project_space(pid)?;
-        let (tmp, _) = spool(
-            &self.config.spool_dir(),
-            body,
-            self.config.sync_max_bytes,
-            "archive",
-        )
-        .await?;
+        let slot = self.spools.slot()?;
+        let (file, _) = self
+            .spools
+            .copy(body, self.config.sync_max_bytes, "archive")
+            .await?;
         let report = self
             .cas
-            .import(
+            .import_file(
                 &space,
-                tmp.path(),
+                file,
                 None,
                 self.config.lease_ms,
                 self.config.parallelism,
@@ -165,12 +126,27 @@ impl Hub {
             )
             .await
             .map_err(client_invalid)?;
+        drop(slot);
         let mut versions = Vec::with_capacity(report.roots.len());
+        let mut memo = TreeMemo::default();
         for root in &report.roots {
             let content = self.cas.read_svalue_node(&space, root).await?;
             let (v, _) = cas_format::svalue::decode(&content)
                 .map_err(|e| HubError::invalid(format!("root {root}: {e}")))?;
-            versions.push(parse_version(root, &v)?);
+            let (revision, mut spec) = parse_version(root, &v, &user.id)?;
+            // What the version holds is computed from its tree, within the workspace limits.
+            let summary = self
+                .cas
+                .verify_tree(&space, &spec.tree, &TreeLimits::default(), &mut memo)
+                .await
+                .map_err(|e| match e {
+                    ClientError::Invalid(m) | ClientError::Protocol(m) => HubError::invalid(
+                        format!("version {revision} of the archive: {m}; nothing was imported"),
+                    ),
+                    other => other.into(),
+                })?;
+            spec.stats = summary.stats;
+            versions.push((revision, spec));
         }
         versions.sort_by_key(|v| v.0);
         let now_ms = ids::now_ms();
@@ -212,8 +188,13 @@ impl Hub {
     }
 }
 
-/// Reads an exported version node into (original revision, spec).
-fn parse_version(root: &cas_format::Hash, v: &Value) -> HubResult<(i64, VersionSpec)> {
+/// Reads an exported version node into (original revision, spec), authored by `importer`;
+/// its counts are left for the caller to compute from the tree.
+fn parse_version(
+    root: &cas_format::Hash,
+    v: &Value,
+    importer: &str,
+) -> HubResult<(i64, VersionSpec)> {
     let bad =
         |what: &str| HubError::invalid(format!("root {root} is not a notebook version: {what}"));
     if v.get("kind").and_then(Value::as_str) != Some(VERSION_KIND) {
@@ -234,20 +215,31 @@ fn parse_version(root: &cas_format::Hash, v: &Value) -> HubResult<(i64, VersionS
         })
         .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
         .ok_or_else(|| bad("no saved_at"))?;
+    let message = s("message").unwrap_or_default();
+    if message.len() > MAX_MESSAGE {
+        return Err(bad(&format!(
+            "its message is longer than {MAX_MESSAGE} bytes"
+        )));
+    }
     let mut extra = BTreeMap::new();
-    if let Some(id) = s("version_id") {
-        extra.insert("imported_from".to_string(), id);
+    for (from, to) in [
+        ("version_id", "imported_from"),
+        ("author", "imported_author"),
+    ] {
+        if let Some(value) = s(from) {
+            if value.len() > 256 {
+                return Err(bad(&format!("its {from} is longer than 256 bytes")));
+            }
+            extra.insert(to.to_string(), value);
+        }
     }
     Ok((
         revision,
         VersionSpec {
             tree,
-            stats: TreeStats {
-                files: n("file_count").unwrap_or(0),
-                bytes: n("size_bytes").unwrap_or(0),
-            },
-            author: s("author").unwrap_or_default(),
-            message: s("message").unwrap_or_default(),
+            stats: TreeStats::default(),
+            author: importer.to_string(),
+            message,
             kind: "import".into(),
             saved_at_ms,
             parent: Parent::None,

@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashMap};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use cas_client::files::{FileRef, plan_bytes, svalue_node};
-use cas_client::tree::valid_name;
 use cas_client::{Change, ClientError, Entry, Plan, TreeStats, Uploader};
 use cas_format::{Hash, SpaceId, Value};
 use serde::{Deserialize, Serialize};
@@ -27,13 +26,11 @@ use crate::outbox::{EventRow, Payload, Pending, VersionRow};
 /// Content type of version nodes' `kind`.
 pub const VERSION_KIND: &str = "notebook-version";
 /// Longest path inside a workspace, in bytes.
-pub const MAX_PATH_BYTES: usize = 1024;
+pub const MAX_PATH_BYTES: usize = cas_client::tree::MAX_PATH_BYTES;
 /// Deepest path inside a workspace.
-pub const MAX_PATH_DEPTH: usize = 64;
+pub const MAX_PATH_DEPTH: usize = cas_client::tree::MAX_PATH_DEPTH;
 /// Longest commit message.
 pub const MAX_MESSAGE: usize = 4096;
-/// Most entries a listing returns.
-pub const MAX_LISTING: usize = 100_000;
 
 /// The mutable head of a notebook.
 #[derive(Debug, Clone)]
@@ -44,6 +41,8 @@ pub struct NotebookRow {
     pub head_revision: Option<i64>,
     pub max_revision: i64,
     pub sync_token_hash: Option<String>,
+    /// Whom the sync token acts for (`None`: the notebook's author).
+    pub sync_token_owner: Option<String>,
     pub updated_at_ms: i64,
 }
 
@@ -130,6 +129,23 @@ pub struct Committed {
     pub uploaded_bytes: u64,
 }
 
+impl From<cas_client::WalkedEntry> for ListedEntry {
+    fn from(w: cas_client::WalkedEntry) -> Self {
+        let (kind, size, executable, target) = match w.entry {
+            Entry::File { file, executable } => ("file", Some(file.size), executable, None),
+            Entry::Dir { .. } => ("dir", None, false, None),
+            Entry::Symlink { target } => ("symlink", None, false, Some(target)),
+        };
+        ListedEntry {
+            path: w.path,
+            kind: kind.into(),
+            size,
+            executable,
+            target,
+        }
+    }
+}
+
 /// One entry of a workspace listing.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ListedEntry {
@@ -173,36 +189,12 @@ pub fn project_space(project_id: &str) -> HubResult<SpaceId> {
         .map_err(|_| HubError::internal("bad project id", project_id))
 }
 
-/// Splits and checks a workspace path.
+/// Splits and checks a workspace path (see [`cas_client::parse_path`]).
 pub fn parse_path(path: &str) -> HubResult<Vec<String>> {
-    if path.len() > MAX_PATH_BYTES {
-        return Err(HubError::invalid(format!(
-            "path is longer than {MAX_PATH_BYTES} bytes"
-        )));
-    }
-    let parts: Vec<String> = path
-        .trim_start_matches("./")
-        .split('/')
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-        .collect();
-    if parts.is_empty() {
-        return Err(HubError::invalid(format!("{path:?} is not a file path")));
-    }
-    if parts.len() > MAX_PATH_DEPTH {
-        return Err(HubError::invalid(format!(
-            "{path:?} is deeper than {MAX_PATH_DEPTH} directories"
-        )));
-    }
-    if let Some(bad) = parts.iter().find(|p| !valid_name(p)) {
-        return Err(HubError::invalid(format!(
-            "{path:?}: invalid path component {bad:?}"
-        )));
-    }
-    Ok(parts)
+    cas_client::parse_path(path).map_err(|e| HubError::invalid(e.to_string()))
 }
 
-fn edit_error(e: ClientError) -> HubError {
+pub(crate) fn edit_error(e: ClientError) -> HubError {
     match e {
         ClientError::Invalid(m) => HubError::invalid(m),
         other => other.into(),
@@ -268,8 +260,8 @@ const VERSION_COLUMNS: &str = "notebook_id, revision, version_id, version_hash, 
 impl Hub {
     pub async fn notebook_row(&self, notebook_id: &str) -> HubResult<Option<NotebookRow>> {
         let row = sqlx::query(
-            "SELECT notebook_id, project_id, state, head_revision, max_revision, sync_token_hash, updated_at_ms \
-             FROM hub_notebooks WHERE notebook_id = $1",
+            "SELECT notebook_id, project_id, state, head_revision, max_revision, sync_token_hash, \
+             sync_token_owner, updated_at_ms FROM hub_notebooks WHERE notebook_id = $1",
         )
         .bind(notebook_id)
         .fetch_optional(&self.db.pool)
@@ -282,6 +274,7 @@ impl Hub {
                 head_revision: r.try_get("head_revision")?,
                 max_revision: r.try_get("max_revision")?,
                 sync_token_hash: r.try_get("sync_token_hash")?,
+                sync_token_owner: r.try_get("sync_token_owner")?,
                 updated_at_ms: r.try_get("updated_at_ms")?,
             })
         })
@@ -373,46 +366,6 @@ impl Hub {
             Some(v) => Ok(v),
             None => Err(HubError::not_found(format!("revision {rev} not found"))),
         }
-    }
-
-    /// Lists the tree of a version.
-    pub async fn listing(&self, project_id: &str, v: &VersionView) -> HubResult<Vec<ListedEntry>> {
-        let space = project_space(project_id)?;
-        let tree = parse_hash(&v.tree)?;
-        let walked = self
-            .cas
-            .walk_tree(&space, &tree, MAX_LISTING)
-            .await
-            .map_err(edit_error)?;
-        let mut walked = walked;
-        // Depth-first in name order: a directory, then what it holds.
-        walked.sort_by(|a, b| a.path.split('/').cmp(b.path.split('/')));
-        Ok(walked
-            .into_iter()
-            .map(|w| match w.entry {
-                Entry::File { file, executable } => ListedEntry {
-                    path: w.path,
-                    kind: "file".into(),
-                    size: Some(file.size),
-                    executable,
-                    target: None,
-                },
-                Entry::Dir { .. } => ListedEntry {
-                    path: w.path,
-                    kind: "dir".into(),
-                    size: None,
-                    executable: false,
-                    target: None,
-                },
-                Entry::Symlink { target } => ListedEntry {
-                    path: w.path,
-                    kind: "symlink".into(),
-                    size: None,
-                    executable: false,
-                    target: Some(target),
-                },
-            })
-            .collect())
     }
 
     /// The file at `path` of a version, or 404.
@@ -584,8 +537,8 @@ impl Hub {
             let spec = VersionSpec {
                 tree,
                 stats: TreeStats {
-                    files: base_stats.files + delta.files,
-                    bytes: base_stats.bytes + delta.bytes,
+                    files: base_stats.files.saturating_add(delta.files),
+                    bytes: base_stats.bytes.saturating_add(delta.bytes),
                 },
                 author: actor.to_string(),
                 message,
