@@ -251,14 +251,14 @@ pub fn plan_bytes(plan: &mut Plan, bytes: &[u8]) -> Result<FileRef, ClientError>
 }
 
 /// A parsed index node.
-struct Index {
-    depth: u32,
+pub(crate) struct Index {
+    pub(crate) depth: u32,
     /// The `size` it states.
-    size: u64,
-    entries: Vec<(Hash, u64)>,
+    pub(crate) size: u64,
+    pub(crate) entries: Vec<(Hash, u64)>,
 }
 
-fn parse_index(hash: &Hash, content: &[u8]) -> Result<Index, ClientError> {
+pub(crate) fn parse_index(hash: &Hash, content: &[u8]) -> Result<Index, ClientError> {
     let bad = |what: &str| {
         ClientError::Protocol(format!("node {hash} is not a chunked-file index: {what}"))
     };
@@ -306,68 +306,6 @@ fn parse_index(hash: &Hash, content: &[u8]) -> Result<Index, ClientError> {
 }
 
 impl AppCasClient {
-    /// The size of the chunked file whose index is `node`, checked all the way down: every
-    /// chunk holds what its index lists, every index's `size` is the sum of its entries, and
-    /// depths decrease by one. `depth` is the depth the parent expects (`None` at the top).
-    pub(crate) fn index_size<'a>(
-        &'a self,
-        space: &'a SpaceId,
-        node: &'a Hash,
-        depth: Option<u32>,
-    ) -> futures_util::future::BoxFuture<'a, Result<u64, ClientError>> {
-        Box::pin(async move {
-            let bad =
-                |what: String| ClientError::Invalid(format!("chunked file index {node}: {what}"));
-            let content = self.read_svalue_node(space, node).await?;
-            let index = parse_index(node, &content).map_err(|e| bad(e.to_string()))?;
-            if depth.is_some_and(|d| d != index.depth) {
-                return Err(bad(format!(
-                    "depth {} where {depth:?} was expected",
-                    index.depth
-                )));
-            }
-            let child_depth = index.depth.checked_sub(1);
-            let children: Vec<Hash> = index.entries.iter().map(|(h, _)| *h).collect();
-            let mut sizes = Vec::with_capacity(children.len());
-            let mut pending = futures_util::stream::iter(children)
-                .map(|child| async move {
-                    match child_depth {
-                        None => Ok(self.read_metadata(space, &child).await?.metadata.size),
-                        Some(d) => self.index_size_owned(space, child, d).await,
-                    }
-                })
-                .buffered(8);
-            while let Some(size) = pending.next().await {
-                sizes.push(size?);
-            }
-            let mut total = 0u64;
-            for ((child, listed), actual) in index.entries.iter().zip(sizes) {
-                if *listed != actual {
-                    return Err(bad(format!(
-                        "lists {listed} bytes for {child}, which holds {actual}"
-                    )));
-                }
-                total = total.saturating_add(actual);
-            }
-            if total != index.size {
-                return Err(bad(format!(
-                    "states {} bytes, its entries hold {total}",
-                    index.size
-                )));
-            }
-            Ok(total)
-        })
-    }
-
-    async fn index_size_owned(
-        &self,
-        space: &SpaceId,
-        node: Hash,
-        depth: u32,
-    ) -> Result<u64, ClientError> {
-        self.index_size(space, &node, Some(depth)).await
-    }
-
     /// Streams a node's content to `out`, checking it against `hash`: the content type and
     /// size come with the content, refs are known empty for leaves.
     async fn copy_leaf<W: AsyncWrite + Unpin + Send>(

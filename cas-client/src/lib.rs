@@ -17,6 +17,7 @@ mod store;
 pub mod tarball;
 pub mod transfer;
 pub mod tree;
+pub mod tree_check;
 
 pub use capability::{CapabilityProvider, FixedToken, SigningKey};
 pub use client::{AppCasClient, MAX_NODE_BYTES, RetryPolicy};
@@ -27,3 +28,4 @@ pub use spool_tree::TreeBuilder;
 pub use store::{EnsureReport, Ensured};
 pub use transfer::{ExportReport, ImportReport};
 pub use tree::{Change, Entry, PathError, TreeStats, WalkedEntry, parse_path};
+pub use tree_check::{ArchiveTreeCheck, TreeLimits, TreeSummary, TreeWalk};

@@ -26,6 +26,7 @@ use tokio::task::JoinSet;
 use crate::client::AppCasClient;
 use crate::dag::Progress;
 use crate::error::ClientError;
+use crate::tree_check::{ArchiveTreeCheck, TreeLimits};
 
 /// What an export wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +69,41 @@ impl std::io::Read for FileFromStart {
         self.at += n as u64;
         Ok(n)
     }
+}
+
+/// Reads the archive in `file` (from its start, through the handle) and checks every tree it
+/// holds within `limits` (see [`ArchiveTreeCheck`]), refusing more than `max_nodes` nodes and
+/// any ref that leaves the archive. Nothing is stored. Blocking.
+pub fn check_archive(
+    file: &std::fs::File,
+    limits: TreeLimits,
+    max_nodes: u64,
+) -> Result<(ArchiveSummary, ArchiveTreeCheck), ClientError> {
+    let handle = file
+        .try_clone()
+        .map_err(|e| ClientError::io("cannot open the archive", e))?;
+    let mut reader = ArchiveReader::new(
+        BufReader::with_capacity(1 << 20, FileFromStart::new(Arc::new(handle))),
+        ArchiveLimits {
+            max_nodes,
+            ..ArchiveLimits::default()
+        },
+    )
+    .map_err(invalid)?;
+    let mut check = ArchiveTreeCheck::new(limits, reader.roots());
+    while let Some(node) = reader.next_node().map_err(invalid)? {
+        check.visit(&node)?;
+    }
+    let summary = reader
+        .summary()
+        .cloned()
+        .ok_or_else(|| ClientError::Invalid("invalid archive: it has no end".into()))?;
+    if let Some(h) = summary.external_refs.first() {
+        return Err(ClientError::Invalid(format!(
+            "the archive refers to node {h}, which it does not hold; export it whole"
+        )));
+    }
+    Ok((summary, check))
 }
 
 fn invalid(e: impl std::fmt::Display) -> ClientError {

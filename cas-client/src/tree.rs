@@ -15,7 +15,7 @@
 //! 256 parts), so any directory respects the 256-ref limit. An unchanged subtree keeps its hash,
 //! so a new version of a tree uploads only what changed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +27,7 @@ use crate::client::AppCasClient;
 use crate::dag::{DagReport, Plan, Progress, Uploader};
 use crate::error::ClientError;
 use crate::files::{FileRef, plan_file, svalue_node};
+use crate::tree_check::TreeLimits;
 
 /// Entries of one directory node.
 pub const TREE_FANOUT: usize = 256;
@@ -264,6 +265,50 @@ fn parse_entry(hash: &Hash, name: &str, v: &Value) -> Result<Entry, ClientError>
     }
 }
 
+/// A directory node: its entries, or the parts that hold them.
+pub(crate) enum DirNode {
+    Entries(BTreeMap<String, Entry>),
+    Parts(Vec<Hash>),
+}
+
+/// Reads the decoded directory node `hash`.
+pub(crate) fn parse_dir_node(hash: &Hash, value: &Value) -> Result<DirNode, ClientError> {
+    match value.get("kind").and_then(Value::as_str) {
+        Some("dir") => {
+            let entries = value
+                .get("entries")
+                .and_then(Value::as_map)
+                .ok_or_else(|| ClientError::Protocol(format!("directory {hash} has no entries")))?;
+            entries
+                .iter()
+                .map(|(name, v)| {
+                    if !valid_name(name) {
+                        return Err(ClientError::Protocol(format!(
+                            "directory {hash}: invalid name {name:?}"
+                        )));
+                    }
+                    Ok((name.clone(), parse_entry(hash, name, v)?))
+                })
+                .collect::<Result<_, _>>()
+                .map(DirNode::Entries)
+        }
+        Some("dir-parts") => value
+            .get("parts")
+            .and_then(Value::as_array)
+            .ok_or_else(|| ClientError::Protocol(format!("directory {hash} has no parts")))?
+            .iter()
+            .map(|p| {
+                p.as_blob()
+                    .ok_or_else(|| ClientError::Protocol(format!("directory {hash}: bad part")))
+            })
+            .collect::<Result<_, _>>()
+            .map(DirNode::Parts),
+        other => Err(ClientError::Protocol(format!(
+            "node {hash} is not a directory (kind {other:?})"
+        ))),
+    }
+}
+
 impl AppCasClient {
     /// The entries of the directory node `hash`, its parts merged.
     pub async fn read_dir(
@@ -285,44 +330,16 @@ impl AppCasClient {
             let content = self.read_svalue_node(space, hash).await?;
             let (value, _) = cas_format::svalue::decode(&content)
                 .map_err(|e| ClientError::Protocol(format!("directory {hash}: {e}")))?;
-            match value.get("kind").and_then(Value::as_str) {
-                Some("dir") => {
-                    let entries =
-                        value
-                            .get("entries")
-                            .and_then(Value::as_map)
-                            .ok_or_else(|| {
-                                ClientError::Protocol(format!("directory {hash} has no entries"))
-                            })?;
-                    entries
-                        .iter()
-                        .map(|(name, v)| {
-                            if !valid_name(name) {
-                                return Err(ClientError::Protocol(format!(
-                                    "directory {hash}: invalid name {name:?}"
-                                )));
-                            }
-                            Ok((name.clone(), parse_entry(hash, name, v)?))
-                        })
-                        .collect()
-                }
-                Some("dir-parts") => {
+            match parse_dir_node(hash, &value)? {
+                DirNode::Entries(entries) => Ok(entries),
+                DirNode::Parts(parts) => {
                     if level >= MAX_PART_LEVELS {
                         return Err(ClientError::Protocol(format!(
                             "directory {hash}: parts nested more than {MAX_PART_LEVELS} deep"
                         )));
                     }
-                    let parts = value
-                        .get("parts")
-                        .and_then(Value::as_array)
-                        .ok_or_else(|| {
-                            ClientError::Protocol(format!("directory {hash} has no parts"))
-                        })?;
                     let mut merged = BTreeMap::new();
                     for p in parts {
-                        let p = p.as_blob().ok_or_else(|| {
-                            ClientError::Protocol(format!("directory {hash}: bad part"))
-                        })?;
                         for (name, e) in self.read_dir_at(space, &p, level + 1).await? {
                             if merged.insert(name.clone(), e).is_some() {
                                 return Err(ClientError::Protocol(format!(
@@ -333,9 +350,6 @@ impl AppCasClient {
                     }
                     Ok(merged)
                 }
-                other => Err(ClientError::Protocol(format!(
-                    "node {hash} is not a directory (kind {other:?})"
-                ))),
             }
         })
     }
@@ -702,288 +716,6 @@ impl AppCasClient {
                 s
             }
         })
-    }
-
-    /// Every entry below the tree `root`, depth first in name order, directories before what
-    /// they hold; at most `limit` entries (an error beyond).
-    pub async fn walk_tree(
-        &self,
-        space: &SpaceId,
-        root: &Hash,
-        limit: usize,
-    ) -> Result<Vec<WalkedEntry>, ClientError> {
-        let limits = TreeLimits {
-            max_entries: limit as u64,
-            ..TreeLimits::default()
-        };
-        let mut walk = self.walk(space, root, limits).await?;
-        let mut out = Vec::new();
-        while let Some(w) = walk.next().await? {
-            out.push(w);
-        }
-        Ok(out)
-    }
-
-    /// A walk over the tree `root` that yields one entry at a time (see [`TreeWalk`]).
-    pub async fn walk<'a>(
-        &'a self,
-        space: &'a SpaceId,
-        root: &Hash,
-        limits: TreeLimits,
-    ) -> Result<TreeWalk<'a>, ClientError> {
-        let top = self.read_dir(space, root).await?;
-        Ok(TreeWalk {
-            client: self,
-            space,
-            limits,
-            stack: vec![(0, top.into_iter())],
-            path: String::new(),
-            visited: 0,
-        })
-    }
-
-    /// Walks the tree `root` within `limits` and checks every size it claims against the
-    /// nodes themselves; returns what it holds. Directories and files already checked (in
-    /// `memo`) are not read again, so a tree that references one subtree many times costs
-    /// what its distinct nodes cost, and still counts every path toward the limits.
-    pub async fn verify_tree(
-        &self,
-        space: &SpaceId,
-        root: &Hash,
-        limits: &TreeLimits,
-        memo: &mut TreeMemo,
-    ) -> Result<TreeSummary, ClientError> {
-        self.verify_dir(space, *root, 1, 0, limits, memo).await
-    }
-
-    /// As [`Self::verify_tree`] for a tree whose sizes are already trusted (it was built or
-    /// verified by this deployment): depth, path lengths and entries are checked, sizes summed
-    /// as the entries state them.
-    pub async fn check_tree(
-        &self,
-        space: &SpaceId,
-        root: &Hash,
-        limits: &TreeLimits,
-    ) -> Result<TreeSummary, ClientError> {
-        let mut memo = TreeMemo {
-            trust_sizes: true,
-            ..TreeMemo::default()
-        };
-        self.verify_dir(space, *root, 1, 0, limits, &mut memo).await
-    }
-
-    fn verify_dir<'a>(
-        &'a self,
-        space: &'a SpaceId,
-        hash: Hash,
-        depth: usize,
-        prefix: usize,
-        limits: &'a TreeLimits,
-        memo: &'a mut TreeMemo,
-    ) -> futures_util::future::BoxFuture<'a, Result<TreeSummary, ClientError>> {
-        Box::pin(async move {
-            let too_deep = || {
-                ClientError::Invalid(format!(
-                    "the tree is deeper than {} directories",
-                    limits.max_depth
-                ))
-            };
-            let too_long = || {
-                ClientError::Invalid(format!(
-                    "the tree has a path longer than {} bytes",
-                    limits.max_path_bytes
-                ))
-            };
-            let sep = usize::from(prefix > 0);
-            if let Some(s) = memo.dirs.get(&hash) {
-                if s.entries > 0 && depth - 1 + s.depth > limits.max_depth {
-                    return Err(too_deep());
-                }
-                if s.entries > 0 && prefix + sep + s.path_bytes > limits.max_path_bytes {
-                    return Err(too_long());
-                }
-                return Ok(*s);
-            }
-            // Relative to this directory: `path_bytes` and `depth` count from its entries.
-            let mut summary = TreeSummary::default();
-            for (name, entry) in self.read_dir(space, &hash).await? {
-                if depth > limits.max_depth {
-                    return Err(too_deep());
-                }
-                let own = prefix + sep + name.len();
-                if own > limits.max_path_bytes {
-                    return Err(too_long());
-                }
-                summary.entries = summary.entries.saturating_add(1);
-                summary.depth = summary.depth.max(1);
-                summary.path_bytes = summary.path_bytes.max(name.len());
-                match entry {
-                    Entry::File { file, .. } => {
-                        let size = self.verified_size(space, &file, memo).await?;
-                        summary.stats.files += 1;
-                        summary.stats.bytes = summary
-                            .stats
-                            .bytes
-                            .saturating_add(i64::try_from(size).unwrap_or(i64::MAX));
-                    }
-                    Entry::Symlink { .. } => {}
-                    Entry::Dir { node } => {
-                        let sub = self
-                            .verify_dir(space, node, depth + 1, own, limits, memo)
-                            .await?;
-                        summary.entries = summary.entries.saturating_add(sub.entries);
-                        summary.stats.files = summary.stats.files.saturating_add(sub.stats.files);
-                        summary.stats.bytes = summary.stats.bytes.saturating_add(sub.stats.bytes);
-                        if sub.entries > 0 {
-                            summary.depth = summary.depth.max(1 + sub.depth);
-                            summary.path_bytes =
-                                summary.path_bytes.max(name.len() + 1 + sub.path_bytes);
-                        }
-                    }
-                }
-                if summary.entries > limits.max_entries {
-                    return Err(ClientError::Invalid(format!(
-                        "the tree holds more than {} entries",
-                        limits.max_entries
-                    )));
-                }
-            }
-            memo.dirs.insert(hash, summary);
-            Ok(summary)
-        })
-    }
-
-    /// The size of a stored file, checked against what its tree entry and its index claim.
-    async fn verified_size(
-        &self,
-        space: &SpaceId,
-        file: &FileRef,
-        memo: &mut TreeMemo,
-    ) -> Result<u64, ClientError> {
-        if memo.trust_sizes {
-            return Ok(file.size);
-        }
-        if let Some(size) = memo.files.get(&file.node) {
-            return check_claim(file, *size);
-        }
-        let size = if file.chunked {
-            self.index_size(space, &file.node, None).await?
-        } else {
-            self.read_metadata(space, &file.node).await?.metadata.size
-        };
-        memo.files.insert(file.node, size);
-        check_claim(file, size)
-    }
-}
-
-fn check_claim(file: &FileRef, actual: u64) -> Result<u64, ClientError> {
-    if actual != file.size {
-        return Err(ClientError::Invalid(format!(
-            "a tree entry claims {} bytes for file node {}, which holds {actual}",
-            file.size, file.node
-        )));
-    }
-    Ok(actual)
-}
-
-/// Bounds of a walk: entries visited (a subtree referenced twice counts twice), depth in
-/// directories, and bytes of a `/`-separated path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TreeLimits {
-    pub max_entries: u64,
-    pub max_depth: usize,
-    pub max_path_bytes: usize,
-}
-
-impl Default for TreeLimits {
-    fn default() -> Self {
-        TreeLimits {
-            max_entries: 200_000,
-            max_depth: MAX_PATH_DEPTH,
-            max_path_bytes: MAX_PATH_BYTES,
-        }
-    }
-}
-
-/// What a verified tree holds, and how deep and long its paths go.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TreeSummary {
-    pub stats: TreeStats,
-    /// Entries below, counted once per path.
-    pub entries: u64,
-    /// Components of the deepest path below.
-    pub depth: usize,
-    /// Bytes of the longest path below.
-    pub path_bytes: usize,
-}
-
-/// Nodes already verified by [`AppCasClient::verify_tree`].
-#[derive(Debug, Default)]
-pub struct TreeMemo {
-    dirs: HashMap<Hash, TreeSummary>,
-    files: HashMap<Hash, u64>,
-    trust_sizes: bool,
-}
-
-/// A walk over a tree, one entry at a time, depth first in name order (a directory, then what
-/// it holds). It holds one directory's entries per level and the current path, never the list
-/// of every path, and refuses to go beyond its [`TreeLimits`].
-pub struct TreeWalk<'a> {
-    client: &'a AppCasClient,
-    space: &'a SpaceId,
-    limits: TreeLimits,
-    /// Per open directory: the length of its path in `path`, and its entries not yet visited.
-    stack: Vec<(usize, std::collections::btree_map::IntoIter<String, Entry>)>,
-    path: String,
-    visited: u64,
-}
-
-impl TreeWalk<'_> {
-    /// The next entry, or `None` at the end.
-    pub async fn next(&mut self) -> Result<Option<WalkedEntry>, ClientError> {
-        loop {
-            let depth = self.stack.len();
-            let Some((base, entries)) = self.stack.last_mut() else {
-                return Ok(None);
-            };
-            let base = *base;
-            let Some((name, entry)) = entries.next() else {
-                self.stack.pop();
-                continue;
-            };
-            self.visited += 1;
-            if self.visited > self.limits.max_entries {
-                return Err(ClientError::Invalid(format!(
-                    "the tree holds more than {} entries",
-                    self.limits.max_entries
-                )));
-            }
-            if depth > self.limits.max_depth {
-                return Err(ClientError::Invalid(format!(
-                    "the tree is deeper than {} directories",
-                    self.limits.max_depth
-                )));
-            }
-            self.path.truncate(base);
-            if base > 0 {
-                self.path.push('/');
-            }
-            self.path.push_str(&name);
-            if self.path.len() > self.limits.max_path_bytes {
-                return Err(ClientError::Invalid(format!(
-                    "the tree has a path longer than {} bytes",
-                    self.limits.max_path_bytes
-                )));
-            }
-            if let Entry::Dir { node } = &entry {
-                let sub = self.client.read_dir(self.space, node).await?;
-                self.stack.push((self.path.len(), sub.into_iter()));
-            }
-            return Ok(Some(WalkedEntry {
-                path: self.path.clone(),
-                entry,
-            }));
-        }
     }
 }
 

@@ -181,6 +181,12 @@ pub async fn store(
     let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
     match g.target {
         TargetKind::Inline => {
+            // The bytes go to the database, on this host's disk when it is SQLite.
+            svc.blobs
+                .spool()
+                .check_free()
+                .await
+                .map_err(|e| ApiError::blob("storing an upload", e))?;
             let bytes = collect_bounded(stream, limit).await?;
             let stored = svc.meta.put_upload_body(&g.gen_id, &bytes).await?;
             if !stored {

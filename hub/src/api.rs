@@ -433,7 +433,7 @@ async fn stream_workspace(hub: &Hub, pid: &str, version: VersionView) -> HubResu
     let cas = hub.cas.clone();
     tokio::spawn(async move {
         let mut walk = match cas
-            .walk(&space, &tree, cas_client::tree::TreeLimits::default())
+            .walk(&space, &tree, cas_client::TreeLimits::default())
             .await
         {
             Ok(w) => {

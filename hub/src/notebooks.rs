@@ -614,6 +614,16 @@ impl Hub {
                     cas_client::ClientError::Invalid(m) => HubError::invalid(m),
                     other => other.into(),
                 })?;
+            // Stored before the notebook exists: a store that fails leaves no empty notebook.
+            cas_client::Uploader::new(
+                &self.cas,
+                &space,
+                &plan,
+                self.config.lease_ms,
+                self.config.parallelism,
+            )
+            .run(&[tree])
+            .await?;
             Some((tree, stats))
         };
         let id = ids::notebook_id();
@@ -987,7 +997,7 @@ impl Hub {
             .check_tree(
                 &project_space(pid)?,
                 &tree,
-                &cas_client::tree::TreeLimits::default(),
+                &cas_client::TreeLimits::default(),
             )
             .await
             .map_err(crate::workspace::edit_error)?;

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use cas_client::tree::{TreeLimits, TreeMemo};
+use cas_client::TreeLimits;
 use cas_client::{ClientError, Plan, TreeStats};
 use cas_format::Value;
 use tokio::io::AsyncRead;
@@ -27,6 +27,9 @@ fn client_invalid(e: ClientError) -> HubError {
         other => other.into(),
     }
 }
+
+/// Most nodes of one imported archive.
+pub const MAX_IMPORT_NODES: u64 = 1_000_000;
 
 impl Hub {
     /// Stores one file in the project's Space ahead of a save (chunked when large). The answer
@@ -114,8 +117,37 @@ impl Hub {
             .spools
             .copy(body, self.config.sync_max_bytes, "archive")
             .await?;
-        let report = self
-            .cas
+        // First the archive alone: every version a notebook version, every tree within the
+        // workspace limits, every size it claims true. Nothing is stored before this passes.
+        let checked = {
+            let file = file
+                .try_clone()
+                .map_err(|e| HubError::internal("cannot open a spool file", e))?;
+            tokio::task::spawn_blocking(move || {
+                cas_client::transfer::check_archive(&file, TreeLimits::default(), MAX_IMPORT_NODES)
+            })
+            .await
+            .map_err(|e| HubError::internal("checking an archive failed", e))?
+        };
+        let (summary, check) = checked.map_err(client_invalid)?;
+        let mut versions = Vec::with_capacity(summary.roots.len());
+        for root in &summary.roots {
+            let v = check.roots().get(root).ok_or_else(|| {
+                HubError::invalid(format!("root {root} is not a notebook version"))
+            })?;
+            let (revision, mut spec) = parse_version(root, v, &user.id)?;
+            // What the version holds is computed from its tree, not taken from the archive.
+            spec.stats = check
+                .summary(&spec.tree)
+                .ok_or_else(|| {
+                    HubError::invalid(format!(
+                        "version {revision} of the archive: its workspace is not a directory of the archive"
+                    ))
+                })?
+                .stats;
+            versions.push((revision, spec));
+        }
+        self.cas
             .import_file(
                 &space,
                 file,
@@ -127,27 +159,6 @@ impl Hub {
             .await
             .map_err(client_invalid)?;
         drop(slot);
-        let mut versions = Vec::with_capacity(report.roots.len());
-        let mut memo = TreeMemo::default();
-        for root in &report.roots {
-            let content = self.cas.read_svalue_node(&space, root).await?;
-            let (v, _) = cas_format::svalue::decode(&content)
-                .map_err(|e| HubError::invalid(format!("root {root}: {e}")))?;
-            let (revision, mut spec) = parse_version(root, &v, &user.id)?;
-            // What the version holds is computed from its tree, within the workspace limits.
-            let summary = self
-                .cas
-                .verify_tree(&space, &spec.tree, &TreeLimits::default(), &mut memo)
-                .await
-                .map_err(|e| match e {
-                    ClientError::Invalid(m) | ClientError::Protocol(m) => HubError::invalid(
-                        format!("version {revision} of the archive: {m}; nothing was imported"),
-                    ),
-                    other => other.into(),
-                })?;
-            spec.stats = summary.stats;
-            versions.push((revision, spec));
-        }
         versions.sort_by_key(|v| v.0);
         let now_ms = ids::now_ms();
         let entry = NotebookEntry {

@@ -2,17 +2,164 @@
 //! `unicas-server`), each with its own hub database (a SQLite file in the data directory, or a
 //! fresh Postgres database), and a small JSON client of its API.
 
+use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use cas_client::{AppCasClient, SigningKey};
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::{
     Backend, Db, Process, TestEnv, binary, drop_database, pg_admin, pg_admin_url, random_id,
 };
+
+/// Runs an async scenario on SQLite and on Postgres (filesystem store), one test each:
+/// `hub_e2e!(name)` expects `async fn name(b: Backend) -> anyhow::Result<()>` in scope.
+#[macro_export]
+macro_rules! hub_e2e {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            fn run(b: $crate::Backend) {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(4)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(super::$name(b))
+                    .unwrap();
+            }
+            #[test]
+            fn sqlite_fs() {
+                run($crate::Backend::SQLITE_FS)
+            }
+            #[test]
+            fn postgres_fs() {
+                run($crate::Backend::POSTGRES_FS)
+            }
+        }
+    )*};
+}
+
+/// A hub with the user alice, her client and her project "P": `(env, server, client, pid,
+/// token)`, bound in that order so the server stops before its data directory goes.
+pub async fn alice_with_project(
+    b: Backend,
+) -> anyhow::Result<(HubEnv, HubServer, HubClient, String, String)> {
+    let env = HubEnv::new(b).await?;
+    let token = env.user("alice")?;
+    let server = env.start()?;
+    let a = server.client(Some(&token));
+    let pid = a.project("P").await?;
+    Ok((env, server, a, pid, token))
+}
+
+/// The `data` of a success envelope with `status`.
+#[track_caller]
+pub fn data(got: &(StatusCode, Value), status: u16) -> Value {
+    assert_eq!(got.0.as_u16(), status, "unexpected answer: {}", got.1);
+    assert_eq!(
+        got.1["success"],
+        json!(true),
+        "not a success envelope: {}",
+        got.1
+    );
+    got.1["data"].clone()
+}
+
+/// The `error` of an error envelope with `status` and `code`.
+#[track_caller]
+pub fn refused(got: &(StatusCode, Value), status: u16, code: &str) -> Value {
+    assert_eq!(got.0.as_u16(), status, "unexpected answer: {}", got.1);
+    assert_eq!(
+        got.1["success"],
+        json!(false),
+        "not an error envelope: {}",
+        got.1
+    );
+    assert_eq!(
+        got.1["error"]["code"],
+        json!(code),
+        "wrong error code: {}",
+        got.1
+    );
+    assert!(
+        got.1["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "an error without a message: {}",
+        got.1
+    );
+    got.1["error"].clone()
+}
+
+/// A POSIX ustar header for one entry.
+pub fn tar_header(name: &str, kind: u8, size: usize, link: &str) -> [u8; 512] {
+    assert!(name.len() <= 100 && link.len() <= 100);
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    let mode: &[u8] = if kind == b'5' {
+        b"0000755\0"
+    } else {
+        b"0000644\0"
+    };
+    h[100..108].copy_from_slice(mode);
+    h[108..116].copy_from_slice(b"0000000\0");
+    h[116..124].copy_from_slice(b"0000000\0");
+    h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+    h[136..148].copy_from_slice(format!("{:011o}\0", 1_700_000_000u64).as_bytes());
+    h[148..156].copy_from_slice(b"        ");
+    h[156] = kind;
+    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+/// A hand-built tar archive of regular files (names taken verbatim, so they can be hostile).
+pub fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, content) in entries {
+        out.extend_from_slice(&tar_header(name, b'0', content.len(), ""));
+        out.extend_from_slice(content);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+/// A hand-built tar archive of regular files and symlinks (`Some(target)`).
+pub fn tar_with_links(entries: &[(&str, &[u8], Option<&str>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, content, link) in entries {
+        match link {
+            Some(target) => out.extend_from_slice(&tar_header(name, b'2', 0, target)),
+            None => {
+                out.extend_from_slice(&tar_header(name, b'0', content.len(), ""));
+                out.extend_from_slice(content);
+                out.resize(out.len().div_ceil(512) * 512, 0);
+            }
+        }
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+/// A client of the hub's embedded CAS signing as the hub (its key, kid, issuer and App).
+pub fn hub_cas(env: &HubEnv, server: &HubServer) -> anyhow::Result<AppCasClient> {
+    let pem = std::fs::read_to_string(
+        Path::new(&env.env.vars["UNICAS_DATA_DIR"]).join("hub-signing-key.pem"),
+    )?;
+    let key = SigningKey::from_pem(&pem, "hub-1", "urn:unicas:hub", "unicas")?;
+    let url = server.cas_url.clone().context("the hub embeds no CAS")?;
+    let app = "hub".parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(AppCasClient::new(url, app, Arc::new(key))?)
+}
 
 /// A test environment for the hub: the CAS's [`TestEnv`] plus the hub's variables.
 pub struct HubEnv {
@@ -168,6 +315,16 @@ impl HubClient {
             base: base.trim_end_matches('/').to_string(),
             token: token.map(str::to_string),
         }
+    }
+
+    /// A request with this client's token, for headers the helpers do not set.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.req(method, path)
+    }
+
+    /// Sends a request built with [`Self::request`]; answers the status and the parsed body.
+    pub async fn send(r: reqwest::RequestBuilder) -> anyhow::Result<(StatusCode, Value)> {
+        Self::answer(r).await
     }
 
     fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {

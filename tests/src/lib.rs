@@ -514,6 +514,11 @@ impl Process {
         self.child.id()
     }
 
+    /// Its peak resident memory so far, in MiB.
+    pub fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        Ok(proc_status_kib(self.pid(), "VmHWM:")? as f64 / 1024.0)
+    }
+
     /// What the process wrote on stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
@@ -572,6 +577,44 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A field of `/proc/PID/status`, in KiB (`VmHWM:` the peak resident memory, `VmRSS:` the
+/// current one).
+pub fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Runs `cmd` to completion while sampling its peak resident memory (it only grows, so the last
+/// sample before the exit is the peak up to then); returns its output and the peak in MiB.
+pub fn run_measuring_memory(mut cmd: Command) -> anyhow::Result<(std::process::Output, f64)> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(kib) = proc_status_kib(pid, "VmHWM:") {
+                peak = peak.max(kib);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak
+    });
+    let out = child.wait_with_output();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap_or(0);
+    Ok((out?, peak as f64 / 1024.0))
 }
 
 /// A leaf node: its hash and portable bytes.

@@ -272,3 +272,55 @@ async fn token(State(s): State<Arc<MockState>>, body: String) -> Response {
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
+
+/// A sign-in at the admin plane of `base` through `provider`, as a browser does it: the start
+/// sets a cookie that the callback carries back (unless `same_browser` is false: the callback
+/// is then finished by another browser). `tamper` may change the callback URL. Answers the
+/// callback's response; redirects are not followed.
+pub async fn sign_in(
+    base: &str,
+    provider: &str,
+    tamper: impl FnOnce(String) -> String,
+    same_browser: bool,
+) -> anyhow::Result<reqwest::Response> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let start = http
+        .get(format!("{base}/admin/login/{provider}"))
+        .send()
+        .await?;
+    if !start.status().is_redirection() {
+        return Ok(start);
+    }
+    let set = start
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("unicas_oidc="))
+        .map(str::to_string)
+        .context("the start sets the sign-in cookie")?;
+    anyhow::ensure!(
+        set.contains("HttpOnly"),
+        "the sign-in cookie is not HttpOnly: {set}"
+    );
+    let cookie = set.split(';').next().unwrap_or_default().to_string();
+    let authorize = start.headers()["location"].to_str()?.to_string();
+    anyhow::ensure!(
+        authorize.contains("code_challenge="),
+        "no PKCE: {authorize}"
+    );
+    let approved = http.get(&authorize).send().await?;
+    anyhow::ensure!(
+        approved.status().is_redirection(),
+        "the provider did not approve: {:?}",
+        approved.text().await
+    );
+    let callback = tamper(approved.headers()["location"].to_str()?.to_string());
+    let mut req = http.get(callback);
+    if same_browser {
+        req = req.header("cookie", cookie);
+    }
+    Ok(req.send().await?)
+}

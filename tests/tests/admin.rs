@@ -533,14 +533,13 @@ async fn admin_api_and_reconciliation(b: Backend) -> anyhow::Result<()> {
 }
 
 /// Runs the sign-in dance through the mock provider; `tamper` may change the callback URL.
-/// A sign-in through the provider, as a browser does it: the start sets a cookie that the
-/// callback carries back. `tamper` may change the callback URL.
+/// A sign-in through the provider, as a browser does it (see [`oidc_mock::sign_in`]).
 async fn oidc_login(
     server: &Server,
     provider: &str,
     tamper: impl FnOnce(String) -> String,
 ) -> anyhow::Result<reqwest::Response> {
-    oidc_login_as(server, provider, tamper, true).await
+    tests::oidc_mock::sign_in(&server.url, provider, tamper, true).await
 }
 
 async fn oidc_login_as(
@@ -549,40 +548,7 @@ async fn oidc_login_as(
     tamper: impl FnOnce(String) -> String,
     same_browser: bool,
 ) -> anyhow::Result<reqwest::Response> {
-    let start = http()
-        .get(format!("{}/admin/login/{provider}", server.url))
-        .send()
-        .await?;
-    if !start.status().is_redirection() {
-        return Ok(start);
-    }
-    let cookie = start
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|c| c.starts_with("unicas_oidc="))
-        .and_then(|c| c.split(';').next())
-        .map(str::to_string)
-        .expect("the start sets the sign-in cookie");
-    assert!(
-        start.headers()["set-cookie"].to_str()?.contains("HttpOnly"),
-        "the sign-in cookie is HttpOnly"
-    );
-    let authorize = start.headers()["location"].to_str()?.to_string();
-    assert!(authorize.contains("code_challenge="), "PKCE: {authorize}");
-    let approved = http().get(&authorize).send().await?;
-    assert!(
-        approved.status().is_redirection(),
-        "{:?}",
-        approved.text().await
-    );
-    let callback = tamper(approved.headers()["location"].to_str()?.to_string());
-    let mut req = http().get(callback);
-    if same_browser {
-        req = req.header("cookie", cookie);
-    }
-    Ok(req.send().await?)
+    tests::oidc_mock::sign_in(&server.url, provider, tamper, same_browser).await
 }
 
 async fn code(r: reqwest::Response) -> (u16, String) {

@@ -57,15 +57,6 @@ where
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
-fn rss_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no {field} in /proc/{pid}/status"))
-}
-
 fn parse_backend(s: &str) -> anyhow::Result<Backend> {
     Ok(match s {
         "sqlite-fs" => Backend::SQLITE_FS,
@@ -222,7 +213,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     f.gc_deletions = deleted as f64 / start.elapsed().as_secs_f64();
 
     // Memory: 32 MiB nodes, two at a time.
-    f.rss_before_mib = rss_kib(pid, "VmRSS:")? as f64 / 1024.0;
+    f.rss_before_mib = tests::proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
     let mut tasks = Vec::new();
     for i in 0..6u8 {
         let (client, sp) = (client.clone(), sp.clone());
@@ -244,7 +235,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     for t in tasks {
         t.await??;
     }
-    f.rss_peak_mib = rss_kib(pid, "VmHWM:")? as f64 / 1024.0;
+    f.rss_peak_mib = tests::proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     Ok(f)
 }
 
