@@ -45,14 +45,7 @@ impl CapabilityProvider for FixedToken {
 }
 
 /// Every data-plane permission; a signing key grants them all unless told otherwise.
-pub const ALL_PERMISSIONS: &[&str] = &[
-    "cas:nodes:read",
-    "cas:nodes:lease",
-    "cas:usage:read",
-    "cas:gc:execute",
-    "cas:root-refs:update",
-    "cas:root-refs:read",
-];
+pub const ALL_PERMISSIONS: &[&str] = cas_format::wire::permission::ALL;
 
 /// Mints capabilities with an App issuer's private key (PKCS#8 PEM: Ed25519, P-256 or RSA; the
 /// JWT algorithm follows from the key). Tokens live `ttl` and are reused until a fifth of it

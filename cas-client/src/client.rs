@@ -144,12 +144,13 @@ impl<'a> Call<'a> {
 
 /// Permissions of each call.
 mod perm {
-    pub const READ: &[&str] = &["cas:nodes:read"];
-    pub const LEASE: &[&str] = &["cas:nodes:lease"];
-    pub const USAGE: &[&str] = &["cas:usage:read"];
-    pub const GC: &[&str] = &["cas:gc:execute"];
-    pub const REFS_UPDATE: &[&str] = &["cas:root-refs:update"];
-    pub const REFS_READ: &[&str] = &["cas:root-refs:read"];
+    use cas_format::wire::permission as p;
+    pub const READ: &[&str] = &[p::NODES_READ];
+    pub const LEASE: &[&str] = &[p::NODES_LEASE];
+    pub const USAGE: &[&str] = &[p::USAGE_READ];
+    pub const GC: &[&str] = &[p::GC_EXECUTE];
+    pub const REFS_UPDATE: &[&str] = &[p::ROOT_REFS_UPDATE];
+    pub const REFS_READ: &[&str] = &[p::ROOT_REFS_READ];
 }
 
 async fn error_of(resp: reqwest::Response) -> ClientError {

@@ -24,6 +24,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use crate::client::AppCasClient;
 use crate::error::ClientError;
+use crate::store::Ensured;
 
 /// Where a planned node's bytes come from.
 #[derive(Debug, Clone)]
@@ -226,7 +227,7 @@ impl<'a> Uploader<'a> {
                     ))),
                 };
             };
-            let mut response = self.lease(&hash, Some(node.portable_len)).await?;
+            let response = self.lease(&hash, Some(node.portable_len)).await?;
             if matches!(response, LeaseResponse::Ready { .. }) {
                 self.tick();
                 return Ok(());
@@ -240,72 +241,45 @@ impl<'a> Uploader<'a> {
                 .filter(|c| seen.insert(*c))
                 .collect();
             try_join_all(children.iter().map(|c| self.ensure(*c))).await?;
-            if matches!(response, LeaseResponse::ValidatedAwaitingChildren { .. }) {
-                // Someone uploaded it already; now that the children are ready it publishes.
-                response = self.lease(&hash, Some(node.portable_len)).await?;
-            }
-            let mut uploaded = false;
+            // Someone may have uploaded it already: then, now that the children are ready, the
+            // next lease publishes it.
+            let mut first = (!matches!(response, LeaseResponse::ValidatedAwaitingChildren { .. }))
+                .then_some(response);
             for _ in 0..8 {
-                match response {
-                    LeaseResponse::Ready { .. } => {
+                let report = self
+                    .client
+                    .lease_and_upload(
+                        self.space,
+                        &hash,
+                        node.portable_len,
+                        self.lease_ms,
+                        Some(&self.calls),
+                        first.take(),
+                        || portable_bytes(&hash, &node.source),
+                    )
+                    .await?;
+                if report.uploaded_bytes > 0 {
+                    self.uploaded_nodes.fetch_add(1, Ordering::Relaxed);
+                    self.uploaded_bytes
+                        .fetch_add(report.uploaded_bytes, Ordering::Relaxed);
+                }
+                match report.state {
+                    Ensured::Ready { .. } => {
                         self.tick();
                         return Ok(());
                     }
-                    LeaseResponse::AwaitingUpload { upload, .. } => {
-                        self.upload(&hash, node, &upload).await?;
-                        uploaded = true;
-                    }
-                    LeaseResponse::AwaitingReplacementUpload {
-                        upload, rejection, ..
-                    } => {
-                        if uploaded {
-                            return Err(ClientError::Api {
-                                status: 422,
-                                code: rejection.code,
-                                message: format!("node {hash}: {}", rejection.message),
-                                retry_after: None,
-                            });
-                        }
-                        self.upload(&hash, node, &upload).await?;
-                        uploaded = true;
-                    }
-                    LeaseResponse::ValidatedAwaitingChildren { child_hashes, .. } => {
+                    Ensured::AwaitingChildren(missing) => {
                         // A child we leased earlier was collected since: store it again.
-                        for c in child_hashes {
+                        for c in missing {
                             self.ensure_now(c).await?;
                         }
                     }
                 }
-                response = self.lease(&hash, Some(node.portable_len)).await?;
             }
             Err(ClientError::Protocol(format!(
-                "node {hash} did not become ready after repeated uploads"
+                "node {hash} did not become ready: its children kept going missing"
             )))
         })
-    }
-
-    async fn upload(
-        &self,
-        hash: &Hash,
-        node: &PlannedNode,
-        target: &cas_format::wire::UploadTarget,
-    ) -> Result<(), ClientError> {
-        // The permit is taken before the bytes are read, so at most `parallelism` nodes are in
-        // memory at once, whatever the size of the file they come from.
-        let len = {
-            let _permit = self
-                .calls
-                .acquire()
-                .await
-                .map_err(|_| ClientError::Cancelled)?;
-            let bytes = portable_bytes(hash, &node.source).await?;
-            let len = bytes.len() as u64;
-            self.client.upload(target, bytes).await?;
-            len
-        };
-        self.uploaded_nodes.fetch_add(1, Ordering::Relaxed);
-        self.uploaded_bytes.fetch_add(len, Ordering::Relaxed);
-        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use cas_format::wire::LeaseResponse;
 use cas_format::{Hash, SpaceId};
+use tokio::sync::Semaphore;
 
 use crate::client::AppCasClient;
 use crate::error::ClientError;
@@ -38,11 +39,60 @@ impl AppCasClient {
         portable: &Bytes,
         lease_ms: u64,
     ) -> Result<EnsureReport, ClientError> {
+        self.lease_and_upload(
+            space,
+            hash,
+            portable.len() as u64,
+            lease_ms,
+            None,
+            None,
+            || async { Ok(portable.clone()) },
+        )
+        .await
+    }
+
+    /// The one lease-and-upload loop: starting from `first` (a lease answer already in hand)
+    /// or a lease, uploads what `bytes` gives whenever the service asks for it, until the node
+    /// is ready or waits for children. With `calls`, every request holds one of its permits,
+    /// and the bytes are read only once a permit is held, so at most as many nodes as permits
+    /// are in memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn lease_and_upload<F, Fut>(
+        &self,
+        space: &SpaceId,
+        hash: &Hash,
+        portable_len: u64,
+        lease_ms: u64,
+        calls: Option<&Semaphore>,
+        mut first: Option<LeaseResponse>,
+        bytes: F,
+    ) -> Result<EnsureReport, ClientError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Bytes, ClientError>>,
+    {
+        let permit = || async {
+            match calls {
+                Some(s) => s
+                    .acquire()
+                    .await
+                    .map(Some)
+                    .map_err(|_| ClientError::Cancelled),
+                None => Ok(None),
+            }
+        };
         let mut uploaded = 0u64;
         let mut uploaded_once = false;
-        let size = Some(portable.len() as u64);
         for _ in 0..MAX_ROUNDS {
-            match self.lease_node(space, hash, lease_ms, size).await? {
+            let response = match first.take() {
+                Some(r) => r,
+                None => {
+                    let _p = permit().await?;
+                    self.lease_node(space, hash, lease_ms, Some(portable_len))
+                        .await?
+                }
+            };
+            let upload = match response {
                 LeaseResponse::Ready {
                     lease_expires_at, ..
                 } => {
@@ -64,20 +114,20 @@ impl AppCasClient {
                         return Err(ClientError::Api {
                             status: 422,
                             code: rejection.code,
-                            message: rejection.message,
+                            message: format!("node {hash}: {}", rejection.message),
                             retry_after: None,
                         });
                     }
-                    self.upload(&upload, portable.clone()).await?;
-                    uploaded += portable.len() as u64;
-                    uploaded_once = true;
+                    upload
                 }
-                LeaseResponse::AwaitingUpload { upload, .. } => {
-                    self.upload(&upload, portable.clone()).await?;
-                    uploaded += portable.len() as u64;
-                    uploaded_once = true;
-                }
-            }
+                LeaseResponse::AwaitingUpload { upload, .. } => upload,
+            };
+            let _p = permit().await?;
+            let body = bytes().await?;
+            let len = body.len() as u64;
+            self.upload(&upload, body).await?;
+            uploaded += len;
+            uploaded_once = true;
         }
         Err(ClientError::Protocol(format!(
             "node {hash} did not become ready after {MAX_ROUNDS} rounds of lease and upload"

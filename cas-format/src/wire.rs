@@ -10,6 +10,38 @@ use serde::{Deserialize, Serialize};
 use crate::hash::Hash;
 use crate::ids::RequestId;
 
+/// The permissions a capability grants, one per data-plane operation.
+pub mod permission {
+    pub const NODES_READ: &str = "cas:nodes:read";
+    pub const NODES_LEASE: &str = "cas:nodes:lease";
+    pub const USAGE_READ: &str = "cas:usage:read";
+    pub const GC_EXECUTE: &str = "cas:gc:execute";
+    pub const ROOT_REFS_UPDATE: &str = "cas:root-refs:update";
+    pub const ROOT_REFS_READ: &str = "cas:root-refs:read";
+    /// Every permission of the data plane.
+    pub const ALL: &[&str] = &[
+        NODES_READ,
+        NODES_LEASE,
+        USAGE_READ,
+        GC_EXECUTE,
+        ROOT_REFS_UPDATE,
+        ROOT_REFS_READ,
+    ];
+}
+
+/// Most changes in one root-ref update.
+pub const MAX_CHANGES: usize = 1000;
+/// Largest magnitude of one root-ref delta.
+pub const MAX_DELTA: i64 = 1_000_000;
+/// Nodes one GC pass examines when the request names no number.
+pub const GC_DEFAULT_NODES: u32 = 100;
+/// Most nodes one GC pass may be asked to examine.
+pub const GC_MAX_NODES: u32 = 10_000;
+/// Root-ref balances per page when the request names no limit.
+pub const ROOT_REFS_DEFAULT_LIMIT: u32 = 100;
+/// Most root-ref balances per page.
+pub const ROOT_REFS_MAX_LIMIT: u32 = 200;
+
 /// The error body of every non-2xx answer: a stable code and a safe message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

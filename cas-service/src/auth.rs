@@ -23,15 +23,7 @@ use serde::Deserialize;
 use crate::error::ApiError;
 use crate::meta::MetaStore;
 
-/// The permissions of the data plane.
-pub mod permission {
-    pub const NODES_READ: &str = "cas:nodes:read";
-    pub const NODES_LEASE: &str = "cas:nodes:lease";
-    pub const USAGE_READ: &str = "cas:usage:read";
-    pub const GC_EXECUTE: &str = "cas:gc:execute";
-    pub const ROOT_REFS_UPDATE: &str = "cas:root-refs:update";
-    pub const ROOT_REFS_READ: &str = "cas:root-refs:read";
-}
+pub use cas_format::wire::permission;
 
 /// The algorithms an App key may use.
 pub fn parse_algorithm(alg: &str) -> Option<Algorithm> {

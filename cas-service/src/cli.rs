@@ -130,32 +130,7 @@ enum AppCommand {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    run_to_exit("unicas-server", run(cli))
-}
-
-/// Runs `command` on a multi-threaded runtime; a failure is one line on stderr, prefixed with
-/// `program`, and a failing exit code.
-pub fn run_to_exit(
-    program: &str,
-    command: impl std::future::Future<Output = anyhow::Result<()>>,
-) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("{program}: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(command) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{program}: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::FAILURE
-        }
-    }
+    server_kit::runtime::run_to_exit("unicas-server", run(cli))
 }
 
 fn init_tracing() {

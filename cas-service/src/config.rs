@@ -204,25 +204,7 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Hides the password of a URL (`postgres://user:secret@host` → `postgres://user:***@host`).
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.find('@') else {
-        return url.to_string();
-    };
-    match rest[..at].find(':') {
-        Some(colon) => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &rest[..colon],
-            &rest[at..]
-        ),
-        None => url.to_string(),
-    }
-}
+pub use server_kit::sql::redact_url;
 
 fn env(name: &str) -> Option<String> {
     std::env::var(format!("UNICAS_{name}"))
@@ -457,16 +439,6 @@ fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
-    }
 
     #[test]
     fn toml_keys_are_checked() {

@@ -14,12 +14,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use async_compression::tokio::bufread::ZstdDecoder;
 use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 
-use crate::blob::{node_key, node_prefix, parse_node_key, upload_key};
+use crate::blob::{Encoding, node_key, node_prefix, parse_node_key, upload_key};
 use crate::meta::{Evidence, FinalizeOutcome, GenState};
 use crate::{Service, now_ms};
 
@@ -185,11 +184,7 @@ impl Service {
                     let refs = self.meta.node_refs(&opts.app, &space, &row.hash).await?;
                     let ct = ContentType::new(row.content_type.clone())?;
                     let mut hasher = NodeDescriptor::new(ct, refs, row.size as u64).hasher()?;
-                    let mut content: crate::blob::ObjectReader = if row.encoding == "zstd" {
-                        Box::pin(ZstdDecoder::new(BufReader::new(reader)))
-                    } else {
-                        reader
-                    };
+                    let mut content = row.encoding.decode(reader);
                     let mut buf = vec![0u8; 256 << 10];
                     loop {
                         let n = content.read(&mut buf).await?;
@@ -403,17 +398,13 @@ impl Service {
         space: &SpaceId,
         g: &crate::meta::Generation,
         evidence: &Evidence,
-    ) -> anyhow::Result<Option<&'static str>> {
+    ) -> anyhow::Result<Option<Encoding>> {
         let key = node_key(app, space, &g.hash, &g.gen_id);
-        for encoding in ["identity", "zstd"] {
+        for encoding in Encoding::ALL {
             let Some((reader, _)) = self.blobs.get(&key, None).await? else {
                 return Ok(None);
             };
-            let mut content: crate::blob::ObjectReader = if encoding == "zstd" {
-                Box::pin(ZstdDecoder::new(BufReader::new(reader)))
-            } else {
-                reader
-            };
+            let mut content = encoding.decode(reader);
             let d = NodeDescriptor::new(
                 ContentType::new(evidence.content_type.clone())?,
                 evidence.refs.clone(),

@@ -13,9 +13,9 @@ use cas_format::{AppId, SpaceId};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::blob::{node_key, upload_key};
+use crate::blob::node_key;
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{Marked, TargetKind};
+use crate::meta::Marked;
 use crate::{Service, failpoint, now_ms};
 
 /// Object deletions in flight at once.
@@ -104,12 +104,7 @@ impl Service {
         let mut gone = Vec::with_capacity(retiring.len());
         for r in retiring {
             let g = &r.generation;
-            let mut ok = match g.target {
-                TargetKind::Inline => true,
-                TargetKind::Service | TargetKind::Presigned => {
-                    self.delete_logged(&upload_key(app, space, &g.gen_id)).await
-                }
-            };
+            let mut ok = self.staging().delete(app, space, g).await;
             if r.delete_canonical {
                 ok &= self
                     .delete_logged(&node_key(app, space, &g.hash, &g.gen_id))

@@ -6,22 +6,14 @@
 //! validating the uploaded bytes and writing the object happen outside it, bounded by a
 //! semaphore.
 
-use cas_format::node::LimitField;
-use cas_format::svalue::{self, SValueLimits};
-use cas_format::wire::{LeaseResponse, Rejection, UploadTarget};
-use cas_format::{
-    AppId, Hash, NodeDescriptor, NodeError, NodeLimits, NodeStreamValidator, SpaceId,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use cas_format::wire::{LeaseResponse, UploadTarget};
+use cas_format::{AppId, Hash, SpaceId};
 
-use crate::blob::{SpoolFile, node_key, upload_key};
+use crate::blob::{node_key, upload_key};
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{
-    Evidence, FinalizeOutcome, GenState, Generation, Partition, TargetKind, lease_window,
-};
+use crate::materialize::MaterializeError;
+use crate::meta::{FinalizeOutcome, GenState, Generation, Partition, TargetKind};
 use crate::{Service, failpoint, now_ms};
-
-const READ_CHUNK: usize = 256 << 10;
 
 /// What the begin step decided.
 enum Begin {
@@ -30,60 +22,24 @@ enum Begin {
     Materialize(Generation),
 }
 
-/// Uploaded bytes proven valid, with the own content spooled to a local file.
-struct Spooled {
-    evidence: Evidence,
-    canonical_len: u64,
-    spool: SpoolFile,
-}
-
-enum MaterializeError {
-    /// Nothing was uploaded yet.
-    NotUploaded,
-    Rejected(Rejection),
-    Failed(ApiError),
-}
-
-impl From<ApiError> for MaterializeError {
-    fn from(e: ApiError) -> Self {
-        MaterializeError::Failed(e)
-    }
-}
-
-fn rejection(code: &str, message: impl Into<String>) -> MaterializeError {
-    MaterializeError::Rejected(Rejection {
-        code: code.to_string(),
-        message: message.into(),
-    })
-}
-
-fn node_rejection(e: &NodeError) -> MaterializeError {
-    let code = match e {
-        NodeError::Digest { .. } => "NODE_DIGEST_MISMATCH",
-        NodeError::Limit {
-            field: LimitField::ContentSize | LimitField::CanonicalSize,
-            ..
+/// The lease window after a claim of `duration` at `now`: a lease that has lapsed starts a new
+/// period; a running one is never shortened.
+pub fn lease_window(started: i64, expires: i64, now: i64, duration: i64) -> (i64, i64) {
+    if expires > now {
+        let started = if started > 0 { started } else { now };
+        // A running lease that still covers seven eighths of the claim is kept as it is: a
+        // client renewing often then costs a write once per eighth of its lease, not per call.
+        if expires >= now + duration - duration / 8 {
+            (started, expires)
+        } else {
+            (started, now + duration)
         }
-        | NodeError::SizeOverflow => "NODE_TOO_LARGE",
-        NodeError::Limit {
-            field: LimitField::RefCount,
-            ..
-        } => "TOO_MANY_REFS",
-        _ => "INVALID_CANONICAL_NODE",
-    };
-    rejection(code, e.to_string())
+    } else {
+        (now, now + duration)
+    }
 }
 
 impl Service {
-    fn node_limits(&self) -> NodeLimits {
-        NodeLimits {
-            max_content_size: self.config.node_max_bytes,
-            max_canonical_size: self.config.node_max_bytes,
-            max_refs: self.config.node_max_refs,
-            ..NodeLimits::default()
-        }
-    }
-
     async fn presigned_target(
         &self,
         app: &AppId,
@@ -288,11 +244,12 @@ impl Service {
             ));
         }
         let max = self.config.node_max_bytes;
-        let target = match (self.blobs.presigns(), upload_bytes) {
-            (false, _) => TargetKind::Service,
-            (true, Some(n)) if n <= self.config.small_upload_bytes.min(max) => TargetKind::Inline,
-            (true, _) => TargetKind::Presigned,
-        };
+        let target = TargetKind::choose(
+            self.blobs.presigns(),
+            upload_bytes,
+            self.config.small_upload_bytes,
+            max,
+        );
         let g = Generation {
             gen_id: ulid::Ulid::generate().to_string(),
             hash: *hash,
@@ -417,7 +374,7 @@ impl Service {
         match outcome {
             FinalizeOutcome::Published { started, expires } => {
                 tracing::debug!(%hash, generation = %g.gen_id, "node published");
-                self.discard_upload(app, space, g).await;
+                self.staging().discard_published(app, space, g).await;
                 Ok(Some(LeaseResponse::Ready {
                     hash,
                     lease_started_at: started,
@@ -461,216 +418,27 @@ impl Service {
             }
         }
     }
+}
 
-    /// Deletes the temporary bytes of a published generation where the service itself guards
-    /// write-once (its own URLs); presigned targets keep theirs until the URL expires.
-    async fn discard_upload(&self, app: &AppId, space: &SpaceId, g: &Generation) {
-        let result = match g.target {
-            TargetKind::Service => self
-                .blobs
-                .delete(&upload_key(app, space, &g.gen_id))
-                .await
-                .map_err(|e| e.to_string()),
-            TargetKind::Inline => self
-                .meta
-                .delete_upload_body(&g.gen_id)
-                .await
-                .map_err(|e| e.to_string()),
-            TargetKind::Presigned => Ok(()),
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "could not delete upload bytes; GC will");
-        }
+#[cfg(test)]
+mod tests {
+    use super::lease_window;
+
+    #[test]
+    fn a_lapsed_lease_starts_a_new_period() {
+        assert_eq!(lease_window(100, 500, 1000, 600), (1000, 1600));
+        assert_eq!(lease_window(0, 0, 1000, 600), (1000, 1600));
     }
 
-    /// Streams the uploaded bytes through the validator, spooling the own content.
-    async fn materialize(
-        &self,
-        app: &AppId,
-        space: &SpaceId,
-        g: &Generation,
-    ) -> Result<Spooled, MaterializeError> {
-        let max = self.config.node_max_bytes;
-        let (mut reader, len): (crate::blob::ObjectReader, u64) = match g.target {
-            TargetKind::Inline => match self
-                .meta
-                .upload_body(&g.gen_id)
-                .await
-                .map_err(ApiError::from)?
-            {
-                Some(body) => {
-                    let len = body.len() as u64;
-                    (Box::pin(std::io::Cursor::new(body)), len)
-                }
-                None => return Err(MaterializeError::NotUploaded),
-            },
-            TargetKind::Service | TargetKind::Presigned => {
-                match self
-                    .blobs
-                    .get(&upload_key(app, space, &g.gen_id), None)
-                    .await
-                    .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?
-                {
-                    Some(found) => found,
-                    None => return Err(MaterializeError::NotUploaded),
-                }
-            }
-        };
-        if len > max {
-            return Err(rejection(
-                "NODE_TOO_LARGE",
-                format!("the upload holds {len} bytes; the limit is {max}"),
-            ));
-        }
-        let spool = self
-            .blobs
-            .spool()
-            .file("content-")
-            .await
-            .map_err(|e| ApiError::blob("spooling an upload", e))?;
-        let mut file = tokio::fs::File::from_std(
-            spool
-                .handle()
-                .map_err(|e| ApiError::internal("opening a spool file", e))?,
-        );
-        let mut validator = NodeStreamValidator::new(self.node_limits());
-        let svalue_limits = SValueLimits {
-            max_bytes: max,
-            max_refs: self.config.node_max_refs as u64,
-            ..SValueLimits::default()
-        };
-        let mut svalue_content: Option<Vec<u8>> = None;
-        let mut buf = vec![0u8; READ_CHUNK];
-        let mut total = 0u64;
-        loop {
-            let n = reader
-                .read(&mut buf)
-                .await
-                .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
-            if n == 0 {
-                break;
-            }
-            total += n as u64;
-            if total > max {
-                return Err(rejection(
-                    "NODE_TOO_LARGE",
-                    format!("the upload is larger than {max} bytes"),
-                ));
-            }
-            let content = validator
-                .update(&buf[..n])
-                .map_err(|e| node_rejection(&e))?;
-            if validator
-                .descriptor()
-                .is_some_and(|d| d.content_type.is_svalue())
-            {
-                svalue_content
-                    .get_or_insert_with(Vec::new)
-                    .extend_from_slice(content);
-            }
-            file.write_all(content)
-                .await
-                .map_err(|e| ApiError::internal("writing a spool file", e))?;
-        }
-        file.flush()
-            .await
-            .map_err(|e| ApiError::internal("writing a spool file", e))?;
-        drop(file);
-        let (descriptor, _) = validator
-            .finish(Some(&g.hash))
-            .map_err(|e| node_rejection(&e))?;
-        if descriptor.content_type.is_svalue() {
-            let content = svalue_content.unwrap_or_default();
-            let refs = svalue::extract_refs(&content, &svalue_limits).map_err(|e| {
-                rejection(
-                    "INVALID_SVALUE",
-                    format!("the content is not a canonical SValue: {e}"),
-                )
-            })?;
-            if refs != descriptor.refs {
-                return Err(rejection(
-                    "SVALUE_REFS_MISMATCH",
-                    "the header refs differ from the SBlobs of the SValue content",
-                ));
-            }
-        }
-        let NodeDescriptor {
-            content_type,
-            refs,
-            content_size,
-        } = descriptor;
-        Ok(Spooled {
-            evidence: Evidence {
-                content_type: content_type.as_str().to_string(),
-                content_size: content_size as i64,
-                refs,
-            },
-            canonical_len: total,
-            spool,
-        })
-    }
-
-    /// Writes the own content at `key`, compressed when configured and worthwhile. Returns the
-    /// encoding and the stored size.
-    async fn write_object(
-        &self,
-        key: &str,
-        spool: SpoolFile,
-        size: u64,
-    ) -> ApiResult<(&'static str, u64)> {
-        let min = self.config.compress_min_bytes;
-        if min > 0 && size >= min {
-            let compressed = self.compress(&spool).await?;
-            let len = compressed
-                .file()
-                .metadata()
-                .map_err(|e| ApiError::internal("reading a spool file", e))?
-                .len();
-            // Only when it saves at least an eighth: decompressing costs every reader.
-            if len < size - size / 8 {
-                self.put(key, compressed, len).await?;
-                return Ok(("zstd", len));
-            }
-        }
-        self.put(key, spool, size).await?;
-        Ok(("identity", size))
-    }
-
-    async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
-        if failpoint::hit("blob.put").await {
-            return Err(ApiError::storage_unavailable(
-                "writing an object",
-                "failpoint blob.put",
-            ));
-        }
-        self.blobs
-            .put_file(key, file, len)
-            .await
-            .map_err(|e| ApiError::blob("writing an object", e))
-    }
-
-    async fn compress(&self, spool: &SpoolFile) -> ApiResult<SpoolFile> {
-        let out = self
-            .blobs
-            .spool()
-            .file("zstd-")
-            .await
-            .map_err(|e| ApiError::blob("spooling compressed content", e))?;
-        let spooled = |e| ApiError::internal("reading a spool file", e);
-        let mut input = spool.handle().map_err(spooled)?;
-        std::io::Seek::rewind(&mut input).map_err(spooled)?;
-        let input = tokio::fs::File::from_std(input);
-        let mut encoder = async_compression::tokio::write::ZstdEncoder::with_quality(
-            tokio::fs::File::from_std(out.handle().map_err(spooled)?),
-            async_compression::Level::Precise(self.config.compress_level),
-        );
-        tokio::io::copy(&mut tokio::io::BufReader::new(input), &mut encoder)
-            .await
-            .map_err(|e| ApiError::internal("compressing", e))?;
-        encoder
-            .shutdown()
-            .await
-            .map_err(|e| ApiError::internal("compressing", e))?;
-        Ok(out)
+    #[test]
+    fn a_running_lease_is_never_shortened() {
+        // Asked for less than it still has: kept.
+        assert_eq!(lease_window(100, 5000, 1000, 600), (100, 5000));
+        // Covers seven eighths of the claim: kept, no write.
+        assert_eq!(lease_window(100, 1000 + 600 - 75, 1000, 600), (100, 1525));
+        // Covers less: extended to the whole claim from now, the start kept.
+        assert_eq!(lease_window(100, 1000 + 600 - 76, 1000, 600), (100, 1600));
+        // A running lease without a start gets one.
+        assert_eq!(lease_window(0, 5000, 1000, 600), (1000, 5000));
     }
 }

@@ -22,16 +22,16 @@ pub mod blob;
 pub mod cli;
 pub mod config;
 pub mod error;
-pub mod failpoint;
 pub mod fsck;
 pub mod gc;
 mod lease;
+mod materialize;
 pub mod meta;
 pub mod metrics;
 pub mod read;
 pub mod root_refs;
+pub mod staging;
 pub mod upload;
-pub mod web_guard;
 
 use crate::auth::Registry;
 use crate::blob::BlobStore;
@@ -41,12 +41,8 @@ use crate::meta::MetaStore;
 use crate::metrics::Metrics;
 use crate::upload::UploadSigner;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub use server_kit::now_ms;
+use server_kit::{failpoint, web_guard};
 
 /// Everything a request handler needs.
 pub struct ServiceState {
@@ -65,6 +61,13 @@ pub struct ServiceState {
     pub allowed_hosts: web_guard::AllowedHosts,
     public_url: String,
     app_limiter: Option<DefaultKeyedRateLimiter<String>>,
+}
+
+/// What [`Service::ensure_app_key`] created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Registered {
+    pub app: bool,
+    pub key: bool,
 }
 
 /// A cheap handle to the service.
@@ -128,6 +131,52 @@ impl Service {
             oidc: admin::OidcCache::default(),
             public_url,
         })))
+    }
+
+    /// Makes sure `app` exists with `issuer` and holds the active key `kid` (`alg`, the public
+    /// key `public_pem`), creating what is missing: how a program that embeds the service (the
+    /// hub) registers itself. Answers what it created; refuses an App whose issuer differs.
+    pub async fn ensure_app_key(
+        &self,
+        app: &AppId,
+        issuer: &str,
+        kid: &str,
+        alg: &str,
+        public_pem: &str,
+    ) -> anyhow::Result<Registered> {
+        let algorithm = auth::parse_algorithm(alg)
+            .ok_or_else(|| anyhow::anyhow!("{alg} is not EdDSA, ES256 or RS256"))?;
+        auth::decoding_key(algorithm, public_pem).map_err(|e| anyhow::anyhow!(e))?;
+        let now = now_ms();
+        let mut created = Registered::default();
+        match self.meta.get_app(app).await? {
+            Some(record) if record.issuer != issuer => anyhow::bail!(
+                "App {app} exists with the issuer {:?}, not {issuer:?}",
+                record.issuer
+            ),
+            Some(_) => {}
+            None => {
+                self.meta.create_app(app, issuer, now).await?;
+                created.app = true;
+            }
+        }
+        let keys = self.meta.list_keys(Some(app)).await?;
+        if !keys.iter().any(|k| k.kid == kid && k.revoked_at.is_none()) {
+            self.meta.add_key(app, kid, alg, public_pem, now).await?;
+            created.key = true;
+        }
+        if created.app || created.key {
+            self.registry.invalidate();
+        }
+        Ok(created)
+    }
+
+    /// Where upload generations keep their bytes.
+    pub fn staging(&self) -> staging::Staging<'_> {
+        staging::Staging {
+            blobs: &self.blobs,
+            meta: &self.meta,
+        }
     }
 
     /// The base URL clients reach this service at.

@@ -1,11 +1,10 @@
 //! Reading node content: whole or one byte range, decompressing transparently.
 
-use async_compression::tokio::bufread::ZstdDecoder;
 use cas_format::{AppId, Hash, SpaceId};
-use tokio::io::{AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 
 use crate::Service;
-use crate::blob::{ObjectReader, node_key};
+use crate::blob::{Encoding, ObjectReader, node_key};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::NodeRow;
 
@@ -108,7 +107,7 @@ impl Service {
         let size = row.size as u64;
         let range = parse_range(range_header, size).map_err(ReadError::Unsatisfiable)?;
         let key = node_key(app, space, hash, &row.object_gen);
-        let compressed = row.encoding == "zstd";
+        let compressed = row.encoding == Encoding::Zstd;
         let object_range = if compressed { None } else { range };
         let found = self
             .blobs
@@ -133,20 +132,16 @@ impl Service {
                 _ => Err(not_found().into()),
             };
         };
-        let body: ObjectReader = if compressed {
-            let mut decoded = ZstdDecoder::new(BufReader::new(reader));
-            match range {
-                None => Box::pin(decoded),
-                Some((start, end)) => {
-                    // zstd frames are not seekable: decode and discard up to the start.
-                    tokio::io::copy(&mut (&mut decoded).take(start), &mut tokio::io::sink())
-                        .await
-                        .map_err(|e| ApiError::storage_unavailable("decompressing an object", e))?;
-                    Box::pin(decoded.take(end - start))
-                }
+        let mut decoded = row.encoding.decode(reader);
+        let body: ObjectReader = match (compressed, range) {
+            (true, Some((start, end))) => {
+                // zstd frames are not seekable: decode and discard up to the start.
+                tokio::io::copy(&mut (&mut decoded).take(start), &mut tokio::io::sink())
+                    .await
+                    .map_err(|e| ApiError::storage_unavailable("decompressing an object", e))?;
+                Box::pin(decoded.take(end - start))
             }
-        } else {
-            reader
+            _ => decoded,
         };
         Ok(NodeContent { row, range, body })
     }

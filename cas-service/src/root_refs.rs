@@ -10,10 +10,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::meta::{BalanceCursor, RefFilter, RootRefRejection};
 use crate::{Service, now_ms};
 
-/// Most changes in one update.
-pub const MAX_CHANGES: usize = 1000;
-/// Largest magnitude of one delta.
-pub const MAX_DELTA: i64 = 1_000_000;
+pub use cas_format::wire::{MAX_CHANGES, MAX_DELTA};
 
 /// Checks a change set and returns the hash that identifies its payload for idempotency.
 pub fn check_changes(changes: &BTreeMap<Hash, i64>) -> ApiResult<Hash> {

@@ -16,9 +16,9 @@ use futures_util::TryStreamExt;
 use hmac::{KeyInit, Mac};
 use serde::Deserialize;
 
-use crate::blob::{PutOnceError, upload_key};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{GenState, Generation, TargetKind};
+use crate::staging::{already_stored, too_large};
 use crate::{Service, now_ms};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -179,65 +179,5 @@ pub async fn store(
         return Err(too_large(limit));
     }
     let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
-    match g.target {
-        TargetKind::Inline => {
-            // The bytes go to the database, on this host's disk when it is SQLite.
-            svc.blobs
-                .spool()
-                .check_free()
-                .await
-                .map_err(|e| ApiError::blob("storing an upload", e))?;
-            let bytes = collect_bounded(stream, limit).await?;
-            let stored = svc.meta.put_upload_body(&g.gen_id, &bytes).await?;
-            if !stored {
-                return Err(already_stored());
-            }
-            Ok(bytes.len() as u64)
-        }
-        TargetKind::Service | TargetKind::Presigned => {
-            match svc
-                .blobs
-                .put_once(&upload_key(&app, &space, &g.gen_id), stream, limit)
-                .await
-            {
-                Ok(n) => Ok(n),
-                Err(PutOnceError::Exists) => Err(already_stored()),
-                Err(PutOnceError::TooLarge(n)) => Err(too_large(n)),
-                Err(PutOnceError::Body(e)) => Err(ApiError::invalid(format!(
-                    "the upload body could not be read: {e}"
-                ))),
-                Err(PutOnceError::Store(e)) => Err(ApiError::blob("storing an upload", e)),
-            }
-        }
-    }
-}
-
-async fn collect_bounded(mut stream: crate::blob::BodyStream, limit: u64) -> ApiResult<Vec<u8>> {
-    use futures_util::StreamExt;
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::invalid(format!("the upload body could not be read: {e}")))?;
-        if out.len() as u64 + chunk.len() as u64 > limit {
-            return Err(too_large(limit));
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}
-
-fn already_stored() -> ApiError {
-    ApiError::new(
-        StatusCode::PRECONDITION_FAILED,
-        "UPLOAD_ALREADY_STORED",
-        "this upload URL has already been used",
-    )
-}
-
-fn too_large(limit: u64) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "NODE_TOO_LARGE",
-        format!("an upload may hold at most {limit} bytes"),
-    )
+    svc.staging().store(&app, &space, &g, stream, limit).await
 }

@@ -7,8 +7,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use cas_format::wire::{
-    ErrorBody, GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadata,
-    NodeMetadataResponse, NodeState, RootRefPage, RootRefUpdate, RootRefUpdateResponse, Usage,
+    ErrorBody, GC_DEFAULT_NODES, GC_MAX_NODES, GcRequest, GcResponse, LeaseRequest, LeaseResponse,
+    NodeMetadata, NodeMetadataResponse, NodeState, ROOT_REFS_DEFAULT_LIMIT, ROOT_REFS_MAX_LIMIT,
+    RootRefPage, RootRefUpdate, RootRefUpdateResponse, Usage,
 };
 use cas_format::{AppId, SpaceId};
 use serde::Deserialize;
@@ -275,9 +276,11 @@ pub async fn gc(
     svc.authorize(&headers, &q.app_id, &q.space_id, permission::GC_EXECUTE)
         .await?;
     let req: GcRequest = parse_json(&bounded_bytes(body, limit).await?)?;
-    let max = req.max_nodes.unwrap_or(100);
-    if !(1..=10_000).contains(&max) {
-        return Err(ApiError::invalid("maxNodes must be 1..=10000"));
+    let max = req.max_nodes.unwrap_or(GC_DEFAULT_NODES);
+    if !(1..=GC_MAX_NODES).contains(&max) {
+        return Err(ApiError::invalid(format!(
+            "maxNodes must be 1..={GC_MAX_NODES}"
+        )));
     }
     Ok(Json(svc.gc_pass(&q.app_id, &q.space_id, max).await?))
 }
@@ -337,9 +340,11 @@ pub async fn list_root_refs(
 ) -> ApiResult<Json<RootRefPage>> {
     svc.authorize(&headers, &q.app_id, &q.space_id, permission::ROOT_REFS_READ)
         .await?;
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=200).contains(&limit) {
-        return Err(ApiError::invalid("limit must be 1..=200"));
+    let limit = q.limit.unwrap_or(ROOT_REFS_DEFAULT_LIMIT);
+    if !(1..=ROOT_REFS_MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1..={ROOT_REFS_MAX_LIMIT}"
+        )));
     }
     Ok(Json(
         svc.root_ref_page(&q.app_id, &q.space_id, limit, q.cursor.as_deref())

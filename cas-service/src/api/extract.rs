@@ -2,7 +2,7 @@
 //! JSON body reader.
 
 use axum::body::Body;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use cas_format::Hash;
@@ -52,11 +52,8 @@ impl<S: Send + Sync> FromRequestParts<S> for HashPath {
 #[derive(Debug, Clone, Copy)]
 pub struct JsonLimit(pub usize);
 
-/// A JSON body read with the configured bound: 413 when larger, 400 when malformed.
-#[derive(Debug)]
-pub struct JsonBody<T>(pub T);
-
-/// Reads at most `limit` bytes of `body`.
+/// Reads at most `limit` bytes of `body`. Handlers call it (and [`parse_json`]) themselves,
+/// after the capability is verified: no body is read before auth.
 pub async fn bounded_bytes(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let too_large = std::error::Error::source(&e)
@@ -71,29 +68,6 @@ pub async fn bounded_bytes(body: Body, limit: usize) -> Result<bytes::Bytes, Api
             ApiError::invalid("the request body could not be read")
         }
     })
-}
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let limit = req.extensions().get::<JsonLimit>().map_or(1 << 20, |l| l.0);
-        let content_type = req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let bytes = bounded_bytes(req.into_body(), limit).await?;
-        if !bytes.is_empty() && !content_type.starts_with("application/json") {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "UNSUPPORTED_MEDIA_TYPE",
-                "the body must be application/json",
-            ));
-        }
-        parse_json(&bytes).map(JsonBody)
-    }
 }
 
 /// Parses a JSON body; an empty body is parsed as `{}` (for optional bodies).

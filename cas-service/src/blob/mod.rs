@@ -32,6 +32,44 @@ use crate::config::Config;
 
 /// A readable object body.
 pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
+
+/// How a node's own content is stored in its object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// As is.
+    Identity,
+    /// One zstd frame.
+    Zstd,
+}
+
+impl Encoding {
+    pub const ALL: [Encoding; 2] = [Encoding::Identity, Encoding::Zstd];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Identity => "identity",
+            Encoding::Zstd => "zstd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Encoding> {
+        match s {
+            "identity" => Some(Encoding::Identity),
+            "zstd" => Some(Encoding::Zstd),
+            _ => None,
+        }
+    }
+
+    /// The own content, read from an object stored this way.
+    pub fn decode(self, object: ObjectReader) -> ObjectReader {
+        match self {
+            Encoding::Identity => object,
+            Encoding::Zstd => Box::pin(async_compression::tokio::bufread::ZstdDecoder::new(
+                tokio::io::BufReader::new(object),
+            )),
+        }
+    }
+}
 /// A request body being stored.
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use cas_format::{AppId, Hash, SpaceId};
 use sqlx::Row;
 
-use super::nodes::{GEN_COLUMNS, NODE_COLUMNS, generation_from_row, node_from_row};
+use super::generations::{GEN_COLUMNS, generation_from_row};
+use super::nodes::{NODE_COLUMNS, node_from_row};
 use super::{Generation, MetaStore, NodeRow, hash_col, hb, id_col};
 
 /// A count that disagrees with the rows it counts.

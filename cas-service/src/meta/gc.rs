@@ -4,8 +4,8 @@
 use cas_format::Hash;
 use sqlx::Row;
 
-use super::nodes::{GEN_COLUMNS, GenState, Generation, generation_from_row};
-use super::usage::{self, UsageDelta};
+use super::generations::{GEN_COLUMNS, GenState, Generation, generation_from_row};
+use super::usage::UsageDelta;
 use super::{Partition, hash_col, hb, placeholders};
 
 /// A row marked as being collected, with what its sweep needs.
@@ -97,7 +97,7 @@ impl Partition {
                 q = q.bind(hb(h));
             }
             q.execute(&mut **self.tx()).await?;
-            usage::apply(self.tx(), &app, &space, delta).await?;
+            self.add_usage(delta).await?;
         }
         Ok(((leftovers.len() + candidates.len()) as u64, marked))
     }
@@ -143,16 +143,11 @@ impl Partition {
                 .bind(hb(&m.hash))
                 .execute(&mut **self.tx())
                 .await?;
-            usage::apply(
-                self.tx(),
-                &app,
-                &space,
-                UsageDelta {
-                    node_count: -1,
-                    not_ready_node_count: -1,
-                    ..Default::default()
-                },
-            )
+            self.add_usage(UsageDelta {
+                node_count: -1,
+                not_ready_node_count: -1,
+                ..Default::default()
+            })
             .await?;
             deleted += 1;
             reclaimed += row.size as u64;

@@ -15,17 +15,14 @@
 //!   (updated in the same transaction) orders root-ref updates App-wide.
 
 use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
-use anyhow::Context;
 use cas_format::{AppId, Hash, SpaceId};
+use server_kit::sql::{PoolOptions, SqlPool, WriteTx};
 use sha2::{Digest, Sha256};
-use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{Any, AnyPool, Executor, Row, Transaction};
-use tokio::sync::OwnedMutexGuard;
+use sqlx::any::AnyRow;
+use sqlx::{Any, AnyPool, Row, Transaction};
 
 use crate::config::Config;
 
@@ -33,6 +30,7 @@ mod admin;
 mod apps;
 mod check;
 mod gc;
+mod generations;
 mod nodes;
 mod root_refs;
 mod usage;
@@ -41,22 +39,17 @@ pub use admin::{Account, AuditEntry, LOCAL_OPERATOR, OidcLogin, SessionRecord};
 pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Marked, RetiringGeneration};
-pub use nodes::{
-    Evidence, FinalizeOutcome, GenState, Generation, NodeRow, TargetKind, lease_window,
-};
+pub use generations::{Evidence, GenState, Generation, TargetKind};
+pub use nodes::{FinalizeOutcome, NodeRow};
 pub use root_refs::{BalanceCursor, RefFilter, RootRefEvent, RootRefRejection};
 pub use usage::UsageDelta;
 
-/// Which database the store talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    Sqlite,
-    Postgres,
-}
+pub use server_kit::sql::Dialect;
 
 /// The metadata store.
 #[derive(Clone)]
 pub struct MetaStore {
+    sql: SqlPool,
     pool: AnyPool,
     dialect: Dialect,
     inner: Arc<Inner>,
@@ -66,8 +59,6 @@ pub struct MetaStore {
 type PartitionLock = tokio::sync::Mutex<()>;
 
 struct Inner {
-    /// SQLite: the single in-process writer.
-    writer: Arc<tokio::sync::Mutex<()>>,
     /// Postgres: one in-process lock per partition, so that a replica's own requests queue
     /// here rather than on the database.
     partitions: Mutex<HashMap<(String, String), Weak<PartitionLock>>>,
@@ -85,29 +76,7 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migration
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
 /// A write transaction holding a partition (or, for registry changes, the whole store).
-pub struct Gate {
-    tx: Transaction<'static, Any>,
-    _local: OwnedMutexGuard<()>,
-}
-
-impl Deref for Gate {
-    type Target = Transaction<'static, Any>;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl DerefMut for Gate {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
-}
-
-impl Gate {
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
-    }
-}
+pub type Gate = WriteTx;
 
 /// The mutation gate of one (App, Space): a [`Gate`] that knows its partition. Its methods
 /// (in the `nodes`, `gc` and `root_refs` modules) are the only partition mutations.
@@ -123,7 +92,7 @@ impl Partition {
     }
 
     pub(crate) fn tx(&mut self) -> &mut Transaction<'static, Any> {
-        &mut self.gate.tx
+        &mut self.gate
     }
 }
 
@@ -164,51 +133,21 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
 impl MetaStore {
     /// Connects (creating the SQLite file and its directory if needed). Does not migrate.
     pub async fn connect(config: &Config) -> anyhow::Result<Self> {
-        sqlx::any::install_default_drivers();
-        let url = config.database_url()?;
-        let dialect = if url.starts_with("sqlite:") {
-            Dialect::Sqlite
-        } else {
-            Dialect::Postgres
-        };
-        if dialect == Dialect::Sqlite && config.database_url.is_none() {
-            std::fs::create_dir_all(&config.data_dir)
-                .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-        }
-        let synchronous = config.sqlite_synchronous.clone();
-        let pool = AnyPoolOptions::new()
-            .max_connections(config.database_max_connections)
-            .acquire_timeout(Duration::from_secs(30))
-            .after_connect(move |conn, _meta| {
-                let synchronous = synchronous.clone();
-                Box::pin(async move {
-                    if dialect == Dialect::Sqlite {
-                        conn.execute("PRAGMA journal_mode = WAL").await?;
-                        conn.execute("PRAGMA busy_timeout = 30000").await?;
-                        conn.execute("PRAGMA foreign_keys = ON").await?;
-                        let sync = if synchronous == "normal" {
-                            "PRAGMA synchronous = NORMAL"
-                        } else {
-                            "PRAGMA synchronous = FULL"
-                        };
-                        conn.execute(sync).await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect(&url)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to the database {}",
-                    crate::config::redact_url(&url)
-                )
-            })?;
+        let sql = SqlPool::connect(PoolOptions {
+            url: config.database_url()?,
+            max_connections: config.database_max_connections,
+            sqlite_full_sync: config.sqlite_synchronous != "normal",
+            create_dir: config
+                .database_url
+                .is_none()
+                .then(|| config.data_dir.clone()),
+        })
+        .await?;
         Ok(MetaStore {
-            pool,
-            dialect,
+            pool: sql.pool().clone(),
+            dialect: sql.dialect(),
+            sql,
             inner: Arc::new(Inner {
-                writer: Arc::new(tokio::sync::Mutex::new(())),
                 partitions: Mutex::new(HashMap::new()),
             }),
         })
@@ -224,24 +163,18 @@ impl MetaStore {
 
     /// Applies pending migrations.
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        let migrator = match self.dialect {
-            Dialect::Sqlite => &SQLITE_MIGRATIONS,
-            Dialect::Postgres => &POSTGRES_MIGRATIONS,
-        };
-        migrator
-            .run(&self.pool)
+        self.sql
+            .migrate(&SQLITE_MIGRATIONS, &POSTGRES_MIGRATIONS)
             .await
-            .context("database migration failed")?;
-        Ok(())
     }
 
     /// Whether the database answers.
     pub async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+        self.sql.ping().await
     }
 
     pub async fn close(&self) {
-        self.pool.close().await;
+        self.sql.close().await;
     }
 
     fn partition_lock(&self, app: &str, space: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -265,7 +198,7 @@ impl MetaStore {
     /// Opens the mutation gate of a partition.
     pub async fn gate(&self, app: &AppId, space: &SpaceId) -> Result<Partition, sqlx::Error> {
         let gate = match self.dialect {
-            Dialect::Sqlite => self.sqlite_write().await?,
+            Dialect::Sqlite => self.sql.write().await?,
             Dialect::Postgres => {
                 let local = self
                     .partition_lock(app.as_str(), space.as_str())
@@ -276,7 +209,7 @@ impl MetaStore {
                     .bind(partition_key(app.as_str(), space.as_str()))
                     .execute(&mut *tx)
                     .await?;
-                Gate { tx, _local: local }
+                WriteTx::with_local(tx, local)
             }
         };
         Ok(Partition {
@@ -288,21 +221,7 @@ impl MetaStore {
 
     /// A write transaction outside any partition (registry and admin changes).
     pub async fn write(&self) -> Result<Gate, sqlx::Error> {
-        match self.dialect {
-            Dialect::Sqlite => self.sqlite_write().await,
-            Dialect::Postgres => {
-                // Registry writes touch no partition; a fresh, uncontended lock keeps the type.
-                let local = Arc::new(tokio::sync::Mutex::new(())).lock_owned().await;
-                let tx = self.pool.begin().await?;
-                Ok(Gate { tx, _local: local })
-            }
-        }
-    }
-
-    async fn sqlite_write(&self) -> Result<Gate, sqlx::Error> {
-        let local = self.inner.writer.clone().lock_owned().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(Gate { tx, _local: local })
+        self.sql.write().await
     }
 
     /// A service-wide secret (created on first use), e.g. the upload-URL signing key.

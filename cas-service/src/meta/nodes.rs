@@ -1,11 +1,14 @@
-//! Node rows, ordered edges and upload generations: the lease state machine's storage.
+//! Node rows and ordered edges: what publishing a node writes (its upload generations are
+//! in `generations`).
 
 use cas_format::{AppId, Hash, SpaceId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::usage::{self, UsageDelta};
+use super::generations::{Evidence, GenState, Generation, decode_err};
+use super::usage::UsageDelta;
 use super::{MetaStore, Partition, hash_col, hb, placeholders};
+use crate::blob::Encoding;
 
 /// A node row. Presence without `collecting_since` is readiness.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +18,7 @@ pub struct NodeRow {
     pub content_type: String,
     pub ref_count: i64,
     pub object_gen: String,
-    pub encoding: String,
+    pub encoding: Encoding,
     pub stored_bytes: i64,
     pub lease_started_at: i64,
     pub lease_expires_at: i64,
@@ -40,169 +43,16 @@ pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
         content_type: row.try_get("content_type")?,
         ref_count: row.try_get("ref_count")?,
         object_gen: row.try_get("object_gen")?,
-        encoding: row.try_get("encoding")?,
+        encoding: {
+            let e: String = row.try_get("encoding")?;
+            Encoding::parse(&e).ok_or_else(|| decode_err("encoding", &e))?
+        },
         stored_bytes: row.try_get("stored_bytes")?,
         lease_started_at: row.try_get("lease_started_at")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         child_ref_count: row.try_get("child_ref_count")?,
         root_ref_count: row.try_get("root_ref_count")?,
         collecting_since: row.try_get("collecting_since")?,
-    })
-}
-
-/// Where an upload generation's bytes go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetKind {
-    /// A temporary object in the blob store, written through the service's signed URL.
-    Service,
-    /// A row of `upload_bodies`, written through the service's signed URL (small nodes on
-    /// object stores where one write per node matters).
-    Inline,
-    /// A temporary object written straight to the object store with a presigned URL.
-    Presigned,
-}
-
-impl TargetKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            TargetKind::Service => "service",
-            TargetKind::Inline => "inline",
-            TargetKind::Presigned => "presigned",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Self, sqlx::Error> {
-        Ok(match s {
-            "service" => TargetKind::Service,
-            "inline" => TargetKind::Inline,
-            "presigned" => TargetKind::Presigned,
-            other => return Err(decode_err("target", other)),
-        })
-    }
-}
-
-/// Lifecycle of an upload generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GenState {
-    /// Waiting for bytes at the upload target.
-    AwaitingUpload,
-    /// Bytes proven valid (evidence recorded); waiting for children or publication.
-    Validated,
-    /// The node row was committed from this generation.
-    Published,
-    /// Rejected or expired; its objects are deleted by GC.
-    Retired,
-}
-
-impl GenState {
-    fn as_str(self) -> &'static str {
-        match self {
-            GenState::AwaitingUpload => "awaiting_upload",
-            GenState::Validated => "validated",
-            GenState::Published => "published",
-            GenState::Retired => "retired",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Self, sqlx::Error> {
-        Ok(match s {
-            "awaiting_upload" => GenState::AwaitingUpload,
-            "validated" => GenState::Validated,
-            "published" => GenState::Published,
-            "retired" => GenState::Retired,
-            other => return Err(decode_err("state", other)),
-        })
-    }
-
-    pub fn is_active(self) -> bool {
-        matches!(self, GenState::AwaitingUpload | GenState::Validated)
-    }
-}
-
-fn decode_err(col: &str, value: &str) -> sqlx::Error {
-    sqlx::Error::ColumnDecode {
-        index: col.to_string(),
-        source: format!("unexpected value {value:?}").into(),
-    }
-}
-
-/// What validation proved about uploaded bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Evidence {
-    pub content_type: String,
-    pub content_size: i64,
-    pub refs: Vec<Hash>,
-}
-
-impl Evidence {
-    /// The distinct refs in order of first occurrence.
-    pub fn distinct_refs(&self) -> Vec<Hash> {
-        let mut seen = std::collections::HashSet::new();
-        self.refs
-            .iter()
-            .copied()
-            .filter(|h| seen.insert(*h))
-            .collect()
-    }
-}
-
-/// One upload attempt of one node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Generation {
-    pub gen_id: String,
-    pub hash: Hash,
-    pub state: GenState,
-    pub target: TargetKind,
-    pub created_at: i64,
-    pub url_expires_at: i64,
-    pub expires_at: i64,
-    pub reserved_bytes: i64,
-    pub evidence: Option<Evidence>,
-}
-
-pub(crate) const GEN_COLUMNS: &str = "gen_id, app_id, space_id, hash, state, target, created_at, \
-     url_expires_at, expires_at, reserved_bytes, content_type, content_size, refs";
-
-fn refs_from_blob(bytes: &[u8]) -> Result<Vec<Hash>, sqlx::Error> {
-    if !bytes.len().is_multiple_of(32) {
-        return Err(decode_err("refs", "length not a multiple of 32"));
-    }
-    Ok(bytes
-        .chunks_exact(32)
-        .filter_map(Hash::from_slice)
-        .collect())
-}
-
-fn refs_to_blob(refs: &[Hash]) -> Vec<u8> {
-    refs.iter()
-        .flat_map(|h| h.as_bytes().iter().copied())
-        .collect()
-}
-
-pub(crate) fn generation_from_row(row: &AnyRow) -> Result<Generation, sqlx::Error> {
-    let content_type: Option<String> = row.try_get("content_type")?;
-    let content_size: Option<i64> = row.try_get("content_size")?;
-    let refs: Option<Vec<u8>> = row.try_get("refs")?;
-    let evidence = match (content_type, content_size, refs) {
-        (Some(content_type), Some(content_size), Some(refs)) => Some(Evidence {
-            content_type,
-            content_size,
-            refs: refs_from_blob(&refs)?,
-        }),
-        _ => None,
-    };
-    let state: String = row.try_get("state")?;
-    let target: String = row.try_get("target")?;
-    Ok(Generation {
-        gen_id: row.try_get("gen_id")?,
-        hash: hash_col(row, "hash")?,
-        state: GenState::parse(&state)?,
-        target: TargetKind::parse(&target)?,
-        created_at: row.try_get("created_at")?,
-        url_expires_at: row.try_get("url_expires_at")?,
-        expires_at: row.try_get("expires_at")?,
-        reserved_bytes: row.try_get("reserved_bytes")?,
-        evidence,
     })
 }
 
@@ -217,23 +67,6 @@ pub enum FinalizeOutcome {
     MissingChildren(Vec<Hash>),
     /// The generation was retired meanwhile (nothing was written).
     GenerationGone,
-}
-
-/// The lease window after a claim of `duration` at `now`: a lease that has lapsed starts a new
-/// period; a running one is never shortened.
-pub fn lease_window(started: i64, expires: i64, now: i64, duration: i64) -> (i64, i64) {
-    if expires > now {
-        let started = if started > 0 { started } else { now };
-        // A running lease that still covers seven eighths of the claim is kept as it is: a
-        // client renewing often then costs a write once per eighth of its lease, not per call.
-        if expires >= now + duration - duration / 8 {
-            (started, expires)
-        } else {
-            (started, now + duration)
-        }
-    } else {
-        (now, now + duration)
-    }
 }
 
 /// The distinct refs among `refs` that are not ready, in order of first occurrence.
@@ -314,56 +147,6 @@ impl MetaStore {
         .map(|r| hash_col(r, "child"))
         .collect()
     }
-
-    /// A generation by id, with its partition (for the upload endpoint).
-    pub async fn generation(
-        &self,
-        gen_id: &str,
-    ) -> Result<Option<(cas_format::AppId, SpaceId, Generation)>, sqlx::Error> {
-        let Some(row) = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {GEN_COLUMNS} FROM upload_generations WHERE gen_id = $1"
-        )))
-        .bind(gen_id)
-        .fetch_optional(&self.pool)
-        .await?
-        else {
-            return Ok(None);
-        };
-        Ok(Some((
-            super::id_col(&row, "app_id")?,
-            super::id_col(&row, "space_id")?,
-            generation_from_row(&row)?,
-        )))
-    }
-
-    /// Stores the body of an inline upload once; `false` if one was already stored.
-    pub async fn put_upload_body(&self, gen_id: &str, body: &[u8]) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "INSERT INTO upload_bodies (gen_id, body) VALUES ($1, $2) ON CONFLICT (gen_id) DO NOTHING",
-        )
-        .bind(gen_id)
-        .bind(body.to_vec())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    pub async fn upload_body(&self, gen_id: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        sqlx::query("SELECT body FROM upload_bodies WHERE gen_id = $1")
-            .bind(gen_id)
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|r| r.try_get("body"))
-            .transpose()
-    }
-
-    pub async fn delete_upload_body(&self, gen_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM upload_bodies WHERE gen_id = $1")
-            .bind(gen_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
 }
 
 impl Partition {
@@ -404,188 +187,6 @@ impl Partition {
         Ok(())
     }
 
-    /// The active (awaiting upload or validated) generation of a node, if any.
-    pub async fn active_generation(
-        &mut self,
-        hash: &Hash,
-    ) -> Result<Option<Generation>, sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {GEN_COLUMNS} FROM upload_generations WHERE app_id = $1 AND space_id = $2 \
-             AND hash = $3 AND state IN ('awaiting_upload', 'validated')"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(hash))
-        .fetch_optional(&mut **self.tx())
-        .await?
-        .as_ref()
-        .map(generation_from_row)
-        .transpose()
-    }
-
-    /// A generation by id, whatever its state.
-    pub async fn generation(&mut self, gen_id: &str) -> Result<Option<Generation>, sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {GEN_COLUMNS} FROM upload_generations WHERE gen_id = $1"
-        )))
-        .bind(gen_id)
-        .fetch_optional(&mut **self.tx())
-        .await?
-        .as_ref()
-        .map(generation_from_row)
-        .transpose()
-    }
-
-    /// Unexpired active generations of the partition.
-    pub async fn count_active_generations(&mut self, now: i64) -> Result<i64, sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query(
-            "SELECT COUNT(*) AS n FROM upload_generations WHERE app_id = $1 AND space_id = $2 \
-             AND state IN ('awaiting_upload', 'validated') AND expires_at > $3",
-        )
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(now)
-        .fetch_one(&mut **self.tx())
-        .await?
-        .try_get("n")
-    }
-
-    /// Records a new generation and its reservation.
-    pub async fn create_generation(&mut self, g: &Generation) -> Result<(), sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query(
-            "INSERT INTO upload_generations (gen_id, app_id, space_id, hash, state, target, \
-             created_at, url_expires_at, expires_at, reserved_bytes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(g.gen_id.as_str())
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(&g.hash))
-        .bind(g.state.as_str())
-        .bind(g.target.as_str())
-        .bind(g.created_at)
-        .bind(g.url_expires_at)
-        .bind(g.expires_at)
-        .bind(g.reserved_bytes)
-        .execute(&mut **self.tx())
-        .await?;
-        usage::apply(
-            self.tx(),
-            &app,
-            &space,
-            UsageDelta {
-                reserved_bytes: g.reserved_bytes,
-                ..Default::default()
-            },
-        )
-        .await
-    }
-
-    /// Retires a generation (rejected bytes or expiry) and releases its reservation. Its
-    /// objects are deleted by GC.
-    pub async fn retire_generation(&mut self, g: &Generation) -> Result<(), sqlx::Error> {
-        self.set_generation_state(g, GenState::Retired, 0, None)
-            .await
-    }
-
-    /// Records validation evidence: the bytes are valid; the reservation becomes their size.
-    pub async fn record_evidence(
-        &mut self,
-        g: &Generation,
-        evidence: &Evidence,
-        canonical_bytes: i64,
-        expires_at: i64,
-    ) -> Result<(), sqlx::Error> {
-        let gen_id = g.gen_id.clone();
-        sqlx::query(
-            "UPDATE upload_generations SET content_type = $2, content_size = $3, refs = $4 \
-             WHERE gen_id = $1",
-        )
-        .bind(gen_id.as_str())
-        .bind(evidence.content_type.as_str())
-        .bind(evidence.content_size)
-        .bind(refs_to_blob(&evidence.refs))
-        .execute(&mut **self.tx())
-        .await?;
-        self.set_generation_state(g, GenState::Validated, canonical_bytes, Some(expires_at))
-            .await
-    }
-
-    /// Gives a generation still awaiting its upload a new URL expiry (and a slot that lasts at
-    /// least as long); `false` if it is no longer awaiting an upload.
-    pub async fn refresh_upload_url(
-        &mut self,
-        gen_id: &str,
-        url_expires_at: i64,
-        expires_at: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let n = sqlx::query(
-            "UPDATE upload_generations SET url_expires_at = $2, \
-             expires_at = CASE WHEN expires_at < $3 THEN $3 ELSE expires_at END \
-             WHERE gen_id = $1 AND state = 'awaiting_upload'",
-        )
-        .bind(gen_id)
-        .bind(url_expires_at)
-        .bind(expires_at)
-        .execute(&mut **self.tx())
-        .await?
-        .rows_affected();
-        Ok(n == 1)
-    }
-
-    /// Keeps a validated generation alive while its children are being uploaded.
-    pub async fn touch_generation(
-        &mut self,
-        gen_id: &str,
-        expires_at: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE upload_generations SET expires_at = $2 WHERE gen_id = $1 AND expires_at < $2",
-        )
-        .bind(gen_id)
-        .bind(expires_at)
-        .execute(&mut **self.tx())
-        .await?;
-        Ok(())
-    }
-
-    async fn set_generation_state(
-        &mut self,
-        g: &Generation,
-        state: GenState,
-        reserved: i64,
-        expires_at: Option<i64>,
-    ) -> Result<(), sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        // Re-read the reservation under the gate: it is what the usage row holds.
-        let Some(current) = self.generation(&g.gen_id).await? else {
-            return Ok(());
-        };
-        sqlx::query(
-            "UPDATE upload_generations SET state = $2, reserved_bytes = $3, \
-             expires_at = COALESCE($4, expires_at) WHERE gen_id = $1",
-        )
-        .bind(g.gen_id.as_str())
-        .bind(state.as_str())
-        .bind(reserved)
-        .bind(expires_at)
-        .execute(&mut **self.tx())
-        .await?;
-        usage::apply(
-            self.tx(),
-            &app,
-            &space,
-            UsageDelta {
-                reserved_bytes: reserved - current.reserved_bytes,
-                ..Default::default()
-            },
-        )
-        .await
-    }
-
     /// The distinct refs among `refs` that are not ready, in order of first occurrence.
     pub async fn missing_children(&mut self, refs: &[Hash]) -> Result<Vec<Hash>, sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
@@ -601,7 +202,7 @@ impl Partition {
         &mut self,
         g: &Generation,
         evidence: &Evidence,
-        encoding: &str,
+        encoding: Encoding,
         stored_bytes: i64,
         now: i64,
         lease_ms: i64,
@@ -611,8 +212,12 @@ impl Partition {
         if let Some(row) = &existing
             && row.is_ready()
         {
-            let (started, expires) =
-                lease_window(row.lease_started_at, row.lease_expires_at, now, lease_ms);
+            let (started, expires) = crate::lease::lease_window(
+                row.lease_started_at,
+                row.lease_expires_at,
+                now,
+                lease_ms,
+            );
             if expires != row.lease_expires_at || started != row.lease_started_at {
                 self.set_lease(&g.hash, started, expires).await?;
             }
@@ -638,7 +243,7 @@ impl Partition {
                 .bind(space.as_str())
                 .bind(hb(&g.hash))
                 .bind(g.gen_id.as_str())
-                .bind(encoding)
+                .bind(encoding.as_str())
                 .bind(stored_bytes)
                 .bind(started)
                 .bind(expires)
@@ -676,7 +281,7 @@ impl Partition {
                 .bind(evidence.content_type.as_str())
                 .bind(evidence.refs.len() as i64)
                 .bind(g.gen_id.as_str())
-                .bind(encoding)
+                .bind(encoding.as_str())
                 .bind(stored_bytes)
                 .bind(started)
                 .bind(expires)
@@ -692,7 +297,7 @@ impl Partition {
                 }
             }
         };
-        usage::apply(self.tx(), &app, &space, delta).await?;
+        self.add_usage(delta).await?;
         self.set_generation_state(g, GenState::Published, 0, None)
             .await?;
         Ok(FinalizeOutcome::Published { started, expires })

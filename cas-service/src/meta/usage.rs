@@ -23,7 +23,7 @@ impl UsageDelta {
     }
 }
 
-pub(crate) async fn apply(
+async fn apply(
     tx: &mut Transaction<'static, Any>,
     app: &AppId,
     space: &SpaceId,
@@ -170,5 +170,13 @@ impl MetaStore {
             ready_stored_bytes: u.ready_stored_bytes,
             reserved_bytes: u.reserved_bytes,
         })
+    }
+}
+
+impl super::Partition {
+    /// Adds `d` to the partition's usage row, in its transaction.
+    pub(crate) async fn add_usage(&mut self, d: UsageDelta) -> Result<(), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        apply(self.tx(), &app, &space, d).await
     }
 }

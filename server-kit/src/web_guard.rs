@@ -216,6 +216,19 @@ mod tests {
         assert!(!is_active_type("application/octet-stream"));
     }
 
+    /// What `check` answers for `method` with these headers, as `Ok`, `"host"` or `"origin"`.
+    fn verdict(
+        hosts: &AllowedHosts,
+        method: Method,
+        pairs: &[(&'static str, &str)],
+    ) -> &'static str {
+        match check(hosts, None, &method, &headers(pairs)) {
+            Ok(()) => "ok",
+            Err(Refusal::Host(_)) => "host",
+            Err(Refusal::Origin(_)) => "origin",
+        }
+    }
+
     #[test]
     fn hosts_and_origins() {
         let lo: SocketAddr = "127.0.0.1:8090".parse().expect("addr");
@@ -225,109 +238,61 @@ mod tests {
             AllowedHosts::parse("", any).expect("parse"),
             AllowedHosts::Any
         );
-        let post = Method::POST;
-        assert!(
-            check(
-                &loopback,
-                None,
-                &Method::GET,
-                &headers(&[("host", "localhost:8090")])
-            )
-            .is_ok()
-        );
-        assert!(
-            check(
-                &loopback,
-                None,
-                &Method::GET,
-                &headers(&[("host", "[::1]:1")])
-            )
-            .is_ok()
-        );
-        assert!(
-            check(
-                &loopback,
-                None,
-                &Method::GET,
-                &headers(&[("host", "127.0.0.1")])
-            )
-            .is_ok()
-        );
-        assert!(matches!(
-            check(
-                &loopback,
-                None,
-                &Method::GET,
-                &headers(&[("host", "evil.example:8090")])
+        for (host, expected) in [
+            ("localhost:8090", "ok"),
+            ("[::1]:1", "ok"),
+            ("127.0.0.1", "ok"),
+            ("evil.example:8090", "host"),
+        ] {
+            assert_eq!(
+                verdict(&loopback, Method::GET, &[("host", host)]),
+                expected,
+                "{host}"
+            );
+        }
+        assert_eq!(verdict(&loopback, Method::GET, &[]), "host");
+        // Same origin, no origin, other origins; reads from another origin are not refused by
+        // this check (CORS governs them).
+        let host = ("host", "localhost:8090");
+        for (method, extra, expected) in [
+            (
+                Method::POST,
+                Some(("origin", "http://localhost:8090")),
+                "ok",
             ),
-            Err(Refusal::Host(_))
-        ));
-        assert!(check(&loopback, None, &Method::GET, &headers(&[])).is_err());
-        // Same origin, no origin, other origin.
-        let h = [
-            ("host", "localhost:8090"),
-            ("origin", "http://localhost:8090"),
-        ];
-        assert!(check(&loopback, None, &post, &headers(&h)).is_ok());
-        assert!(
-            check(
-                &loopback,
-                None,
-                &post,
-                &headers(&[("host", "localhost:8090")])
-            )
-            .is_ok()
-        );
-        let h = [
-            ("host", "localhost:8090"),
-            ("origin", "http://evil.example"),
-        ];
-        assert!(matches!(
-            check(&loopback, None, &post, &headers(&h)),
-            Err(Refusal::Origin(_))
-        ));
-        let h = [("host", "localhost:8090"), ("origin", "null")];
-        assert!(check(&loopback, None, &post, &headers(&h)).is_err());
-        let h = [
-            ("host", "localhost:8090"),
-            ("origin", "http://localhost:9999"),
-        ];
-        assert!(check(&loopback, None, &post, &headers(&h)).is_err());
-        let h = [("host", "localhost:8090"), ("sec-fetch-site", "cross-site")];
-        assert!(check(&loopback, None, &post, &headers(&h)).is_err());
-        // Reads from another origin are not refused by this check (CORS governs them).
-        let h = [
-            ("host", "localhost:8090"),
-            ("origin", "http://evil.example"),
-        ];
-        assert!(check(&loopback, None, &Method::GET, &headers(&h)).is_ok());
+            (Method::POST, None, "ok"),
+            (
+                Method::POST,
+                Some(("origin", "http://evil.example")),
+                "origin",
+            ),
+            (Method::POST, Some(("origin", "null")), "origin"),
+            (
+                Method::POST,
+                Some(("origin", "http://localhost:9999")),
+                "origin",
+            ),
+            (
+                Method::POST,
+                Some(("sec-fetch-site", "cross-site")),
+                "origin",
+            ),
+            (Method::GET, Some(("origin", "http://evil.example")), "ok"),
+        ] {
+            let pairs: Vec<_> = std::iter::once(host).chain(extra).collect();
+            assert_eq!(verdict(&loopback, method, &pairs), expected, "{extra:?}");
+        }
         let listed = AllowedHosts::parse("hub.example.com, 10.0.0.5:8090", any).expect("parse");
-        assert!(
-            check(
-                &listed,
-                None,
-                &Method::GET,
-                &headers(&[("host", "HUB.example.com:443")])
-            )
-            .is_ok()
-        );
-        assert!(
-            check(
-                &listed,
-                None,
-                &Method::GET,
-                &headers(&[("host", "10.0.0.5:8090")])
-            )
-            .is_ok()
-        );
-        assert!(
-            check(
-                &listed,
-                None,
-                &Method::GET,
-                &headers(&[("host", "10.0.0.5:80")])
-            )
-            .is_err()
-        );
+        for (host, expected) in [
+            ("HUB.example.com:443", "ok"),
+            ("10.0.0.5:8090", "ok"),
+            ("10.0.0.5:80", "host"),
+        ] {
+            assert_eq!(
+                verdict(&listed, Method::GET, &[("host", host)]),
+                expected,
+                "{host}"
+            );
+        }
     }
 }

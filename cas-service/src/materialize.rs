@@ -1,0 +1,241 @@
+//! From uploaded bytes to a stored object: the bytes at an upload target are streamed through
+//! the node validator (and, for SValue content, the SValue decoder) into an unnamed spool
+//! file, then written to the object store, compressed when that is worthwhile.
+
+use cas_format::node::LimitField;
+use cas_format::svalue::{self, SValueLimits};
+use cas_format::wire::Rejection;
+use cas_format::{AppId, NodeDescriptor, NodeError, NodeLimits, NodeStreamValidator, SpaceId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::blob::{Encoding, SpoolFile};
+use crate::error::{ApiError, ApiResult};
+use crate::meta::{Evidence, Generation};
+use crate::{Service, failpoint};
+
+const READ_CHUNK: usize = 256 << 10;
+
+/// Uploaded bytes proven valid, with the own content spooled to a local file.
+pub(crate) struct Spooled {
+    pub evidence: Evidence,
+    pub canonical_len: u64,
+    pub spool: SpoolFile,
+}
+
+pub(crate) enum MaterializeError {
+    /// Nothing was uploaded yet.
+    NotUploaded,
+    Rejected(Rejection),
+    Failed(ApiError),
+}
+
+impl From<ApiError> for MaterializeError {
+    fn from(e: ApiError) -> Self {
+        MaterializeError::Failed(e)
+    }
+}
+
+pub(crate) fn rejection(code: &str, message: impl Into<String>) -> MaterializeError {
+    MaterializeError::Rejected(Rejection {
+        code: code.to_string(),
+        message: message.into(),
+    })
+}
+
+fn node_rejection(e: &NodeError) -> MaterializeError {
+    let code = match e {
+        NodeError::Digest { .. } => "NODE_DIGEST_MISMATCH",
+        NodeError::Limit {
+            field: LimitField::ContentSize | LimitField::CanonicalSize,
+            ..
+        }
+        | NodeError::SizeOverflow => "NODE_TOO_LARGE",
+        NodeError::Limit {
+            field: LimitField::RefCount,
+            ..
+        } => "TOO_MANY_REFS",
+        _ => "INVALID_CANONICAL_NODE",
+    };
+    rejection(code, e.to_string())
+}
+
+impl Service {
+    fn node_limits(&self) -> NodeLimits {
+        NodeLimits {
+            max_content_size: self.config.node_max_bytes,
+            max_canonical_size: self.config.node_max_bytes,
+            max_refs: self.config.node_max_refs,
+            ..NodeLimits::default()
+        }
+    }
+
+    /// Streams the uploaded bytes through the validator, spooling the own content.
+    pub(crate) async fn materialize(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+    ) -> Result<Spooled, MaterializeError> {
+        let max = self.config.node_max_bytes;
+        let (mut reader, len) = match self.staging().open(app, space, g).await? {
+            Some(found) => found,
+            None => return Err(MaterializeError::NotUploaded),
+        };
+        if len > max {
+            return Err(rejection(
+                "NODE_TOO_LARGE",
+                format!("the upload holds {len} bytes; the limit is {max}"),
+            ));
+        }
+        let spool = self
+            .blobs
+            .spool()
+            .file("content-")
+            .await
+            .map_err(|e| ApiError::blob("spooling an upload", e))?;
+        let mut file = tokio::fs::File::from_std(
+            spool
+                .handle()
+                .map_err(|e| ApiError::internal("opening a spool file", e))?,
+        );
+        let mut validator = NodeStreamValidator::new(self.node_limits());
+        let svalue_limits = SValueLimits {
+            max_bytes: max,
+            max_refs: self.config.node_max_refs as u64,
+            ..SValueLimits::default()
+        };
+        let mut svalue_content: Option<Vec<u8>> = None;
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut total = 0u64;
+        loop {
+            let n = reader
+                .read(&mut buf)
+                .await
+                .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+            if total > max {
+                return Err(rejection(
+                    "NODE_TOO_LARGE",
+                    format!("the upload is larger than {max} bytes"),
+                ));
+            }
+            let content = validator
+                .update(&buf[..n])
+                .map_err(|e| node_rejection(&e))?;
+            if validator
+                .descriptor()
+                .is_some_and(|d| d.content_type.is_svalue())
+            {
+                svalue_content
+                    .get_or_insert_with(Vec::new)
+                    .extend_from_slice(content);
+            }
+            file.write_all(content)
+                .await
+                .map_err(|e| ApiError::internal("writing a spool file", e))?;
+        }
+        file.flush()
+            .await
+            .map_err(|e| ApiError::internal("writing a spool file", e))?;
+        drop(file);
+        let (descriptor, _) = validator
+            .finish(Some(&g.hash))
+            .map_err(|e| node_rejection(&e))?;
+        if descriptor.content_type.is_svalue() {
+            let content = svalue_content.unwrap_or_default();
+            let refs = svalue::extract_refs(&content, &svalue_limits).map_err(|e| {
+                rejection(
+                    "INVALID_SVALUE",
+                    format!("the content is not a canonical SValue: {e}"),
+                )
+            })?;
+            if refs != descriptor.refs {
+                return Err(rejection(
+                    "SVALUE_REFS_MISMATCH",
+                    "the header refs differ from the SBlobs of the SValue content",
+                ));
+            }
+        }
+        let NodeDescriptor {
+            content_type,
+            refs,
+            content_size,
+        } = descriptor;
+        Ok(Spooled {
+            evidence: Evidence {
+                content_type: content_type.as_str().to_string(),
+                content_size: content_size as i64,
+                refs,
+            },
+            canonical_len: total,
+            spool,
+        })
+    }
+
+    /// Writes the own content at `key`, compressed when configured and worthwhile. Returns the
+    /// encoding and the stored size.
+    pub(crate) async fn write_object(
+        &self,
+        key: &str,
+        spool: SpoolFile,
+        size: u64,
+    ) -> ApiResult<(Encoding, u64)> {
+        let min = self.config.compress_min_bytes;
+        if min > 0 && size >= min {
+            let compressed = self.compress(&spool).await?;
+            let len = compressed
+                .file()
+                .metadata()
+                .map_err(|e| ApiError::internal("reading a spool file", e))?
+                .len();
+            // Only when it saves at least an eighth: decompressing costs every reader.
+            if len < size - size / 8 {
+                self.put(key, compressed, len).await?;
+                return Ok((Encoding::Zstd, len));
+            }
+        }
+        self.put(key, spool, size).await?;
+        Ok((Encoding::Identity, size))
+    }
+
+    async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
+        if failpoint::hit("blob.put").await {
+            return Err(ApiError::storage_unavailable(
+                "writing an object",
+                "failpoint blob.put",
+            ));
+        }
+        self.blobs
+            .put_file(key, file, len)
+            .await
+            .map_err(|e| ApiError::blob("writing an object", e))
+    }
+
+    async fn compress(&self, spool: &SpoolFile) -> ApiResult<SpoolFile> {
+        let out = self
+            .blobs
+            .spool()
+            .file("zstd-")
+            .await
+            .map_err(|e| ApiError::blob("spooling compressed content", e))?;
+        let spooled = |e| ApiError::internal("reading a spool file", e);
+        let mut input = spool.handle().map_err(spooled)?;
+        std::io::Seek::rewind(&mut input).map_err(spooled)?;
+        let input = tokio::fs::File::from_std(input);
+        let mut encoder = async_compression::tokio::write::ZstdEncoder::with_quality(
+            tokio::fs::File::from_std(out.handle().map_err(spooled)?),
+            async_compression::Level::Precise(self.config.compress_level),
+        );
+        tokio::io::copy(&mut tokio::io::BufReader::new(input), &mut encoder)
+            .await
+            .map_err(|e| ApiError::internal("compressing", e))?;
+        encoder
+            .shutdown()
+            .await
+            .map_err(|e| ApiError::internal("compressing", e))?;
+        Ok(out)
+    }
+}

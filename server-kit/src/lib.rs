@@ -1,0 +1,17 @@
+//! What both server programs (`unicas-server` and `unicas-hub`) stand on, and nothing of what
+//! either one does: SQL pools and write transactions on SQLite and Postgres ([`sql`]), the
+//! checks every browser-facing listener makes ([`web_guard`]), failpoints for crash tests
+//! ([`failpoint`]) and the process runtime ([`runtime`]).
+#![forbid(unsafe_code)]
+
+pub mod failpoint;
+pub mod runtime;
+pub mod sql;
+pub mod web_guard;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

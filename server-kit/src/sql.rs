@@ -1,0 +1,293 @@
+//! SQL pools on SQLite (the embedded default) or Postgres (scale-out) through sqlx's `Any`
+//! driver, and write transactions that never deadlock on SQLite: one writer at a time in this
+//! process (an async mutex) and `BEGIN IMMEDIATE`, which other processes on the same file
+//! respect. On Postgres a write transaction is a plain one; callers that need more (an
+//! advisory lock) take it inside.
+
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::any::AnyPoolOptions;
+use sqlx::migrate::Migrator;
+use sqlx::{Any, AnyPool, Executor, Transaction};
+use tokio::sync::OwnedMutexGuard;
+
+/// Which database a pool talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// The dialect of a database URL (`sqlite:…` or `postgres(ql)://…`).
+    pub fn of_url(url: &str) -> anyhow::Result<Dialect> {
+        if url.starts_with("sqlite:") {
+            Ok(Dialect::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Dialect::Postgres)
+        } else {
+            anyhow::bail!("a database URL starts with sqlite: or postgres://")
+        }
+    }
+}
+
+/// How to open a pool.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub url: String,
+    pub max_connections: u32,
+    /// SQLite: `FULL` (every commit durable) unless `false` (`NORMAL`).
+    pub sqlite_full_sync: bool,
+    /// SQLite: a directory to create first (the data directory of the default URL).
+    pub create_dir: Option<PathBuf>,
+}
+
+/// A pool and its dialect.
+#[derive(Clone)]
+pub struct SqlPool {
+    pool: AnyPool,
+    dialect: Dialect,
+    url: String,
+    /// SQLite: the single in-process writer.
+    writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for SqlPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlPool")
+            .field("dialect", &self.dialect)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A write transaction; on SQLite it also holds this process's writer slot.
+pub struct WriteTx {
+    tx: Transaction<'static, Any>,
+    _local: Option<OwnedMutexGuard<()>>,
+}
+
+impl Deref for WriteTx {
+    type Target = Transaction<'static, Any>;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+impl WriteTx {
+    /// A write transaction over an already held in-process lock (Postgres callers that queue
+    /// per key before taking an advisory lock).
+    pub fn with_local(tx: Transaction<'static, Any>, local: OwnedMutexGuard<()>) -> Self {
+        WriteTx {
+            tx,
+            _local: Some(local),
+        }
+    }
+
+    /// The connection, for queries.
+    pub fn conn(&mut self) -> &mut sqlx::AnyConnection {
+        &mut self.tx
+    }
+
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+/// Hides the password of a URL (`postgres://user:secret@host` → `postgres://user:***@host`).
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let Some(at) = rest.find('@') else {
+        return url.to_string();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &rest[..colon],
+            &rest[at..]
+        ),
+        None => url.to_string(),
+    }
+}
+
+impl SqlPool {
+    /// Connects (creating the SQLite file and its directory if needed). Does not migrate.
+    pub async fn connect(options: PoolOptions) -> anyhow::Result<SqlPool> {
+        sqlx::any::install_default_drivers();
+        let dialect = Dialect::of_url(&options.url)?;
+        if dialect == Dialect::Sqlite
+            && let Some(dir) = &options.create_dir
+        {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create data dir {}", dir.display()))?;
+        }
+        let full_sync = options.sqlite_full_sync;
+        let pool = AnyPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if dialect == Dialect::Sqlite {
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute("PRAGMA busy_timeout = 30000").await?;
+                        conn.execute("PRAGMA foreign_keys = ON").await?;
+                        conn.execute(if full_sync {
+                            "PRAGMA synchronous = FULL"
+                        } else {
+                            "PRAGMA synchronous = NORMAL"
+                        })
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&options.url)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot connect to the database {}",
+                    redact_url(&options.url)
+                )
+            })?;
+        Ok(SqlPool {
+            pool,
+            dialect,
+            url: options.url,
+            writer: Arc::new(tokio::sync::Mutex::new(())),
+        })
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// The URL it was opened with (secrets included: never print it unredacted).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Applies the pending migrations of this pool's dialect.
+    pub async fn migrate(&self, sqlite: &Migrator, postgres: &Migrator) -> anyhow::Result<()> {
+        let migrator = match self.dialect {
+            Dialect::Sqlite => sqlite,
+            Dialect::Postgres => postgres,
+        };
+        migrator
+            .run(&self.pool)
+            .await
+            .context("database migration failed")
+    }
+
+    /// A write transaction.
+    pub async fn write(&self) -> Result<WriteTx, sqlx::Error> {
+        match self.dialect {
+            Dialect::Sqlite => {
+                let local = self.writer.clone().lock_owned().await;
+                let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+                Ok(WriteTx {
+                    tx,
+                    _local: Some(local),
+                })
+            }
+            Dialect::Postgres => Ok(WriteTx {
+                tx: self.pool.begin().await?,
+                _local: None,
+            }),
+        }
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    #[test]
+    fn dialects_of_urls() {
+        assert_eq!(
+            Dialect::of_url("sqlite://x?mode=rwc").ok(),
+            Some(Dialect::Sqlite)
+        );
+        assert_eq!(
+            Dialect::of_url("postgresql://h/db").ok(),
+            Some(Dialect::Postgres)
+        );
+        assert!(Dialect::of_url("mysql://h/db").is_err());
+    }
+
+    #[tokio::test]
+    async fn writers_of_one_sqlite_file_take_turns() {
+        let dir = std::env::temp_dir().join(format!("server-kit-{}", std::process::id()));
+        let pool = SqlPool::connect(PoolOptions {
+            url: format!("sqlite://{}/t.db?mode=rwc", dir.display()),
+            max_connections: 4,
+            sqlite_full_sync: true,
+            create_dir: Some(dir.clone()),
+        })
+        .await
+        .expect("pool");
+        let mut w = pool.write().await.expect("write");
+        sqlx::query("CREATE TABLE t (n INTEGER)")
+            .execute(w.conn())
+            .await
+            .expect("create");
+        w.commit().await.expect("commit");
+        let writes = (0..8).map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut w = pool.write().await.expect("write");
+                sqlx::query("INSERT INTO t (n) VALUES ($1)")
+                    .bind(i64::from(i))
+                    .execute(w.conn())
+                    .await
+                    .expect("insert");
+                w.commit().await.expect("commit");
+            })
+        });
+        for w in writes {
+            w.await.expect("task");
+        }
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
+            .fetch_one(pool.pool())
+            .await
+            .expect("count");
+        assert_eq!(n, 8);
+        pool.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
