@@ -9,7 +9,6 @@
 
 use axum::http::HeaderMap;
 use serde::Serialize;
-use sqlx::Row;
 use utoipa::ToSchema;
 
 use crate::Hub;
@@ -17,17 +16,11 @@ use crate::catalog::{ProjectEntry, Role};
 use crate::config::{AuthMode, DefaultRole};
 use crate::error::{HubError, HubResult};
 use crate::ids;
+use crate::store::TokenRow;
+pub use crate::store::User;
 
 pub const PAT_PREFIX: &str = "uhub_pat_";
 pub const SYNC_PREFIX: &str = "uhub_sync_";
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct User {
-    pub id: String,
-    pub name: String,
-    pub email: Option<String>,
-    pub super_admin: bool,
-}
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TokenView {
@@ -41,7 +34,7 @@ fn pat_hash(id: &str, secret: &str) -> String {
     ids::sha256_hex(&format!("uhub_pat:{id}:{secret}"))
 }
 
-pub fn sync_hash(notebook_id: &str, secret: &str) -> String {
+pub fn sync_hash(notebook_id: &crate::ids::NotebookId, secret: &str) -> String {
     ids::sha256_hex(&format!("uhub_sync:{notebook_id}:{secret}"))
 }
 
@@ -62,6 +55,17 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .ok()?
         .strip_prefix("Bearer ")
         .map(str::trim)
+}
+
+impl From<TokenRow> for TokenView {
+    fn from(t: TokenRow) -> Self {
+        TokenView {
+            id: t.id,
+            name: t.name,
+            created_at: ids::rfc3339(t.created_at_ms),
+            expires_at: t.expires_at_ms.map(ids::rfc3339),
+        }
+    }
 }
 
 impl Hub {
@@ -88,59 +92,32 @@ impl Hub {
         if id.len() != 26 || secret.is_empty() || secret.len() > 128 {
             return Err(bad());
         }
-        let row = sqlx::query(
-            "SELECT t.user_id, t.secret_hash, t.expires_at_ms, t.revoked_at_ms, u.suspended_at_ms \
-             FROM hub_tokens t JOIN hub_users u ON u.id = t.user_id WHERE t.id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        let Some(row) = row else { return Err(bad()) };
-        let hash: String = row.try_get("secret_hash")?;
-        if !same(&hash, &pat_hash(id, secret)) {
+        let Some(check) = self.store.token_check(id).await? else {
+            return Err(bad());
+        };
+        if !same(&check.secret_hash, &pat_hash(id, secret)) {
             return Err(bad());
         }
         let now = ids::now_ms();
-        let expires: Option<i64> = row.try_get("expires_at_ms")?;
-        let revoked: Option<i64> = row.try_get("revoked_at_ms")?;
-        let suspended: Option<i64> = row.try_get("suspended_at_ms")?;
-        if revoked.is_some() || expires.is_some_and(|e| e <= now) {
+        if check.revoked_at_ms.is_some() || check.expires_at_ms.is_some_and(|e| e <= now) {
             return Err(bad());
         }
-        if suspended.is_some() {
+        if check.user_suspended {
             return Err(HubError::unauthorized("this user is suspended"));
         }
-        let user_id: String = row.try_get("user_id")?;
-        self.user(&user_id).await?.ok_or_else(bad)
+        self.user(&check.user_id).await?.ok_or_else(bad)
     }
 
     /// The user `id` if it exists and is not suspended.
     pub async fn user_standing(&self, id: &str) -> HubResult<Option<User>> {
-        let suspended: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT suspended_at_ms FROM hub_users WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.db.pool)
-                .await?;
-        match suspended {
-            Some(None) => self.user(id).await,
+        match self.store.user_suspended(id).await? {
+            Some(false) => self.user(id).await,
             _ => Ok(None),
         }
     }
 
     pub async fn user(&self, id: &str) -> HubResult<Option<User>> {
-        let row = sqlx::query("SELECT id, name, email, super_admin FROM hub_users WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.db.pool)
-            .await?;
-        row.map(|r| {
-            Ok(User {
-                id: r.try_get("id")?,
-                name: r.try_get("name")?,
-                email: r.try_get("email")?,
-                super_admin: r.try_get::<i64, _>("super_admin")? != 0,
-            })
-        })
-        .transpose()
+        Ok(self.store.user(id).await?)
     }
 
     /// Creates a user (operator command and the single-user bootstrap).
@@ -156,33 +133,25 @@ impl Hub {
                 "a user id is 1..=128 printable characters",
             ));
         }
-        let mut tx = self.db.write().await?;
-        let n = sqlx::query(
-            "INSERT INTO hub_users (id, name, email, super_admin, created_at_ms) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(id)
-        .bind(name)
-        .bind(email)
-        .bind(i64::from(super_admin))
-        .bind(ids::now_ms())
-        .execute(tx.conn())
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(n == 1)
+        let user = User {
+            id: id.to_string(),
+            name: name.to_string(),
+            email: email.map(str::to_string),
+            super_admin,
+        };
+        Ok(self.store.insert_user(&user, ids::now_ms()).await?)
     }
 
     pub async fn set_suspended(&self, id: &str, suspended: bool) -> HubResult<bool> {
-        let mut tx = self.db.write().await?;
-        let n = sqlx::query("UPDATE hub_users SET suspended_at_ms = $1 WHERE id = $2")
-            .bind(suspended.then(ids::now_ms))
-            .bind(id)
-            .execute(tx.conn())
-            .await?
-            .rows_affected();
-        tx.commit().await?;
-        Ok(n == 1)
+        Ok(self
+            .store
+            .set_suspended(id, suspended.then(ids::now_ms))
+            .await?)
+    }
+
+    /// Whether the hub has any user yet.
+    pub async fn has_users(&self) -> HubResult<bool> {
+        Ok(self.store.count_users().await? > 0)
     }
 
     /// Creates a personal access token; returns it (the only time it is shown) and its id.
@@ -198,83 +167,41 @@ impl Hub {
         if name.is_empty() || name.len() > 128 {
             return Err(HubError::invalid("a token name is 1..=128 characters"));
         }
-        let live: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM hub_tokens WHERE user_id = $1 AND revoked_at_ms IS NULL \
-             AND (expires_at_ms IS NULL OR expires_at_ms > $2)",
-        )
-        .bind(user_id)
-        .bind(ids::now_ms())
-        .fetch_one(&self.db.pool)
-        .await?;
-        if live >= 20 {
+        if self.store.live_tokens(user_id, ids::now_ms()).await? >= 20 {
             return Err(HubError::conflict(
                 "a user has at most 20 live tokens; revoke one first",
             ));
         }
-        let id = ulid::Ulid::generate().to_string();
         let secret = ids::secret();
         let now = ids::now_ms();
-        let expires = ttl_ms.map(|t| now + t);
-        let mut tx = self.db.write().await?;
-        sqlx::query(
-            "INSERT INTO hub_tokens (id, user_id, name, secret_hash, created_at_ms, expires_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&id)
-        .bind(user_id)
-        .bind(name)
-        .bind(pat_hash(&id, &secret))
-        .bind(now)
-        .bind(expires)
-        .execute(tx.conn())
-        .await?;
-        tx.commit().await?;
-        Ok((
-            format!("{PAT_PREFIX}{id}_{secret}"),
-            TokenView {
-                id,
-                name: name.to_string(),
-                created_at: ids::rfc3339(now),
-                expires_at: expires.map(ids::rfc3339),
-            },
-        ))
+        let row = TokenRow {
+            id: ulid::Ulid::generate().to_string(),
+            name: name.to_string(),
+            created_at_ms: now,
+            expires_at_ms: ttl_ms.map(|t| now + t),
+        };
+        self.store
+            .insert_token(user_id, &row, &pat_hash(&row.id, &secret))
+            .await?;
+        Ok((format!("{PAT_PREFIX}{}_{secret}", row.id), row.into()))
     }
 
     pub async fn list_tokens(&self, user_id: &str) -> HubResult<Vec<TokenView>> {
-        let rows = sqlx::query(
-            "SELECT id, name, created_at_ms, expires_at_ms FROM hub_tokens \
-             WHERE user_id = $1 AND revoked_at_ms IS NULL ORDER BY id",
-        )
-        .bind(user_id)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(TokenView {
-                    id: r.try_get("id")?,
-                    name: r.try_get("name")?,
-                    created_at: ids::rfc3339(r.try_get("created_at_ms")?),
-                    expires_at: r
-                        .try_get::<Option<i64>, _>("expires_at_ms")?
-                        .map(ids::rfc3339),
-                })
-            })
-            .collect()
+        Ok(self
+            .store
+            .tokens(user_id)
+            .await?
+            .into_iter()
+            .map(TokenView::from)
+            .collect())
     }
 
     pub async fn revoke_token(&self, user_id: &str, token_id: &str) -> HubResult<()> {
-        let mut tx = self.db.write().await?;
-        let n = sqlx::query(
-            "UPDATE hub_tokens SET revoked_at_ms = $1 WHERE id = $2 AND user_id = $3 AND revoked_at_ms IS NULL",
-        )
-        .bind(ids::now_ms())
-        .bind(token_id)
-        .bind(user_id)
-        .execute(tx.conn())
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        if n == 0 {
+        if !self
+            .store
+            .revoke_token(user_id, token_id, ids::now_ms())
+            .await?
+        {
             return Err(HubError::not_found(format!("no token {token_id}")));
         }
         Ok(())

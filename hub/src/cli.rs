@@ -78,7 +78,7 @@ pub fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    cas_service::cli::run_to_exit("unicas-hub", run(cli))
+    server_kit::runtime::run_to_exit("unicas-hub", run(cli))
 }
 
 fn say(line: impl std::fmt::Display) {
@@ -181,33 +181,6 @@ async fn wait_for_signal() {
     }
 }
 
-/// Registers the hub's App and key in the embedded CAS if they are missing.
-async fn register_app(svc: &cas_service::Service, config: &HubConfig) -> anyhow::Result<()> {
-    let app: cas_format::AppId = config
-        .app
-        .parse()
-        .map_err(|e| anyhow::anyhow!("bad App id: {e}"))?;
-    let now = cas_service::now_ms();
-    if svc.meta.get_app(&app).await?.is_none() {
-        svc.meta
-            .create_app(&app, &config.issuer, now)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot create the hub's App: {e}"))?;
-        tracing::info!(app = %app, "created the hub's App in the CAS");
-    }
-    let keys = svc.meta.list_keys(Some(&app)).await?;
-    if !keys.iter().any(|k| k.kid == config.kid) {
-        let pem = keys::load_or_create(&config.signing_key_path(), config.signing_key.is_none())?;
-        let public = keys::ed25519_public_pem(&pem)?;
-        svc.meta
-            .add_key(&app, &config.kid, "EdDSA", &public, now)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot register the hub's key: {e}"))?;
-        tracing::info!(kid = %config.kid, "registered the hub's key in the CAS");
-    }
-    Ok(())
-}
-
 async fn serve(config: HubConfig) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
@@ -223,32 +196,9 @@ async fn serve(config: HubConfig) -> anyhow::Result<()> {
     let hub_bound = hub_listener.local_addr()?;
 
     // The CAS: a separate service, or embedded with its own listener and public URL.
-    let mut lines = Vec::new();
-    let (cas_url, cas_task) = match &config.cas_url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let cas_config = cas_service::config::Config::load(None)?;
-            let addr = cas_config.listen_addr()?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (the embedded CAS)"))?;
-            let bound = listener.local_addr()?;
-            let svc = cas_service::Service::open(cas_config.with_bound_addr(bound)).await?;
-            register_app(&svc, &config).await?;
-            lines.push(format!("cas listening on http://{bound}"));
-            lines.push(format!("admin UI at {}/admin/ui/", svc.public_url()));
-            if svc.meta.count_accounts().await? == 0 {
-                lines.push(format!(
-                    "admin login link: {}",
-                    cas_service::admin::login_link(&svc).await?
-                ));
-            }
-            let url = svc.public_url().to_string();
-            let stop = shutdown.child_token();
-            let task =
-                tokio::spawn(async move { cas_service::run_service(svc, listener, stop).await });
-            (url, Some(task))
-        }
+    let (cas_url, cas_task, lines) = match &config.cas_url {
+        Some(url) => (url.clone(), None, Vec::new()),
+        None => embedded_cas(&config, &shutdown).await?,
     };
     let hub = Hub::open(config.clone(), Some(&cas_url)).await?;
     hub.start().await?;
@@ -256,20 +206,12 @@ async fn serve(config: HubConfig) -> anyhow::Result<()> {
     for l in lines {
         say(l);
     }
-    if config.auth == AuthMode::Token {
-        let users: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM hub_users")
-            .fetch_one(&hub.db.pool)
-            .await?;
-        if users == 0 {
-            hub.create_user("admin", "Administrator", None, true)
-                .await
-                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-            let (token, _) = hub
-                .create_token("admin", "first start", None)
-                .await
-                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-            say(format_args!("admin token: {token}"));
-        }
+    if config.auth == AuthMode::Token
+        && let Some(token) = first_admin_token(&hub)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?
+    {
+        say(format_args!("admin token: {token}"));
     }
     let result = run_hub(hub, hub_listener, shutdown.clone()).await;
     shutdown.cancel();
@@ -280,4 +222,39 @@ async fn serve(config: HubConfig) -> anyhow::Result<()> {
         }
     }
     result
+}
+
+/// The embedded CAS: its URL, its task, and the lines to print.
+#[cfg(feature = "embedded-cas")]
+async fn embedded_cas(
+    config: &HubConfig,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(String, Option<CasTask>, Vec<String>)> {
+    let (url, task, lines) = crate::embedded::start(config, shutdown.child_token()).await?;
+    Ok((url, Some(task), lines))
+}
+
+#[cfg(not(feature = "embedded-cas"))]
+async fn embedded_cas(
+    _config: &HubConfig,
+    _shutdown: &CancellationToken,
+) -> anyhow::Result<(String, Option<CasTask>, Vec<String>)> {
+    anyhow::bail!(
+        "this unicas-hub is built without the embedded CAS (feature embedded-cas): set UNICAS_HUB_CAS_URL"
+    )
+}
+
+/// The task of an embedded CAS service.
+type CasTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// On a hub without users, an administrator and a token for it; `None`
+/// when users exist already.
+async fn first_admin_token(hub: &Hub) -> crate::error::HubResult<Option<String>> {
+    if hub.has_users().await? {
+        return Ok(None);
+    }
+    hub.create_user("admin", "Administrator", None, true)
+        .await?;
+    let (token, _) = hub.create_token("admin", "first start", None).await?;
+    Ok(Some(token))
 }

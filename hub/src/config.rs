@@ -112,24 +112,21 @@ where
 }
 
 impl HubConfig {
-    /// Defaults, then the environment.
-    pub fn from_env() -> anyhow::Result<Self> {
-        let data_dir = env("UNICAS_HUB_DATA_DIR")
-            .or_else(|| env("UNICAS_DATA_DIR"))
-            .map_or_else(|| PathBuf::from("./data"), PathBuf::from);
-        let mut c = HubConfig {
+    /// The defaults, storing under `data_dir`, with no environment read.
+    pub fn defaults(data_dir: PathBuf) -> Self {
+        HubConfig {
             listen: "127.0.0.1:8090".into(),
-            cas_url: env("UNICAS_HUB_CAS_URL").map(|u| u.trim_end_matches('/').to_string()),
+            cas_url: None,
             data_dir,
-            database_url: env("UNICAS_HUB_DATABASE_URL"),
+            database_url: None,
             auth: AuthMode::Token,
             local_user: "local".into(),
             default_role: DefaultRole::None,
             app: "hub".into(),
             issuer: "urn:unicas:hub".into(),
             kid: "hub-1".into(),
-            signing_key: env("UNICAS_HUB_SIGNING_KEY").map(PathBuf::from),
-            audience: env("UNICAS_AUDIENCE").unwrap_or_else(|| "unicas".into()),
+            signing_key: None,
+            audience: "unicas".into(),
             max_versions: 0,
             workspace_wait_ms: 10_000,
             sync_max_bytes: 512 << 20,
@@ -145,8 +142,21 @@ impl HubConfig {
             max_concurrent_spools: 4,
             min_free_bytes: 512 << 20,
             allowed_hosts: String::new(),
-            public_url: env("UNICAS_HUB_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string()),
-        };
+            public_url: None,
+        }
+    }
+
+    /// Defaults, then the environment.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let data_dir = env("UNICAS_HUB_DATA_DIR")
+            .or_else(|| env("UNICAS_DATA_DIR"))
+            .map_or_else(|| PathBuf::from("./data"), PathBuf::from);
+        let mut c = HubConfig::defaults(data_dir);
+        c.cas_url = env("UNICAS_HUB_CAS_URL").map(|u| u.trim_end_matches('/').to_string());
+        c.database_url = env("UNICAS_HUB_DATABASE_URL");
+        c.signing_key = env("UNICAS_HUB_SIGNING_KEY").map(PathBuf::from);
+        parse("UNICAS_AUDIENCE", &mut c.audience)?;
+        c.public_url = env("UNICAS_HUB_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
         parse("UNICAS_HUB_LISTEN", &mut c.listen)?;
         parse("UNICAS_HUB_USER", &mut c.local_user)?;
         parse("UNICAS_HUB_APP", &mut c.app)?;
@@ -199,7 +209,8 @@ impl HubConfig {
         Ok(c)
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    /// Refuses settings the hub cannot run with.
+    pub fn validate(&self) -> anyhow::Result<()> {
         self.listen_addr()?;
         self.database_url()?;
         if let Some(u) = &self.cas_url
@@ -244,8 +255,8 @@ impl HubConfig {
     }
 
     /// The hosts the hub answers to.
-    pub fn host_allow_list(&self) -> anyhow::Result<cas_service::web_guard::AllowedHosts> {
-        cas_service::web_guard::AllowedHosts::parse(&self.allowed_hosts, self.listen_addr()?)
+    pub fn host_allow_list(&self) -> anyhow::Result<server_kit::web_guard::AllowedHosts> {
+        server_kit::web_guard::AllowedHosts::parse(&self.allowed_hosts, self.listen_addr()?)
             .context("UNICAS_HUB_ALLOWED_HOSTS")
     }
 

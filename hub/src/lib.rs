@@ -4,7 +4,7 @@
 //! The hub is one App of the CAS with its own signing key; each project is one Space, so
 //! identical content is stored once per project and usage is per project. It never reads the
 //! CAS's tables or objects: everything goes through the data-plane API. Its own database holds
-//! only mutable pointers and indexes (see `migrations/hub-*`).
+//! only mutable pointers and indexes ([`store`], the only module that speaks SQL).
 
 #![forbid(unsafe_code)]
 
@@ -12,17 +12,24 @@ pub mod api;
 pub mod auth;
 pub mod catalog;
 pub mod cli;
+pub mod commit;
 pub mod config;
-pub mod db;
+#[cfg(feature = "embedded-cas")]
+pub mod embedded;
 pub mod error;
+pub mod forks;
 pub mod ids;
 pub mod keys;
 pub mod lock;
 pub mod notebooks;
 pub mod outbox;
+pub mod projects;
 pub mod spool;
+pub mod store;
 pub mod sync;
 pub mod transfer;
+pub mod trash;
+pub mod versions;
 pub mod workspace;
 
 use std::ops::Deref;
@@ -30,20 +37,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use cas_client::{AppCasClient, FixedToken, RetryPolicy, SigningKey};
+use cas_client::{AppCasClient, RetryPolicy, SigningKey};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::SnapshotCache;
 use crate::config::{AuthMode, HubConfig};
-use crate::db::{Db, Dialect};
+use crate::error::{HubError, HubResult};
 use crate::lock::Locks;
+use crate::store::locks::LockBackend;
+use crate::store::{Dialect, HubStore};
 
-/// Named failpoints for crash tests (see `cas_service::failpoint`).
+/// Named failpoints for crash tests (see `server_kit::failpoint`).
 pub(crate) mod failpoint {
     use crate::error::{HubError, HubResult};
 
     pub async fn hit(name: &str) -> HubResult<()> {
-        if cas_service::failpoint::hit(name).await {
+        if server_kit::failpoint::hit(name).await {
             return Err(HubError::internal("failpoint", name));
         }
         Ok(())
@@ -52,13 +61,14 @@ pub(crate) mod failpoint {
 
 pub struct HubState {
     pub config: HubConfig,
-    pub db: Db,
+    pub store: HubStore,
     pub locks: Locks,
-    pub cas: AppCasClient,
+    /// The content store; `None` for operator commands, which only touch the database.
+    cas: Option<AppCasClient>,
     pub(crate) snapshots: SnapshotCache,
     pub spools: spool::Spools,
     /// The hosts the hub answers to.
-    pub allowed_hosts: cas_service::web_guard::AllowedHosts,
+    pub allowed_hosts: server_kit::web_guard::AllowedHosts,
 }
 
 /// A cheap handle to the hub.
@@ -73,49 +83,69 @@ impl Deref for Hub {
 }
 
 impl Hub {
-    /// Connects the database (applying migrations) and builds a client of the CAS at `cas_url`
-    /// signing with the hub's key. With `cas_url` `None`, the hub can only do local work
-    /// (operator commands).
+    /// Connects the database (applying migrations) and, with `cas_url`, builds a client of the
+    /// CAS there signing with the hub's key. Without one, the hub does only local work
+    /// (operator commands) and anything that needs the CAS answers 503.
     pub async fn open(config: HubConfig, cas_url: Option<&str>) -> anyhow::Result<Hub> {
-        let db = Db::connect(&config).await?;
-        db.migrate().await?;
-        let locks = match db.dialect {
-            Dialect::Sqlite => Locks::files(config.lock_dir())
+        let store = HubStore::connect(&config).await?;
+        store.migrate().await?;
+        let backend = match store.dialect() {
+            Dialect::Sqlite => LockBackend::files(config.lock_dir())
                 .with_context(|| format!("cannot create {}", config.lock_dir().display()))?,
-            Dialect::Postgres => Locks::postgres(db.url())
+            Dialect::Postgres => LockBackend::postgres(store.url())
                 .await
                 .context("cannot connect the lock pool")?,
         };
-        let app = config
-            .app
-            .parse()
-            .map_err(|e| anyhow::anyhow!("bad App id: {e}"))?;
         let cas = match cas_url {
             Some(url) => {
+                let app = config
+                    .app
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("bad App id: {e}"))?;
                 let pem =
                     keys::load_or_create(&config.signing_key_path(), config.signing_key.is_none())?;
                 let key = SigningKey::from_pem(&pem, &config.kid, &config.issuer, &config.audience)
                     .map_err(|e| anyhow::anyhow!("the hub's signing key: {e}"))?;
-                AppCasClient::new(url, app, Arc::new(key))
+                Some(
+                    AppCasClient::new(url, app, Arc::new(key))
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        .with_retry(RetryPolicy::default())
+                        .with_cache(64 << 20),
+                )
             }
-            None => AppCasClient::new(
-                "http://127.0.0.1:9",
-                app,
-                Arc::new(FixedToken(String::new())),
-            ),
-        }
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .with_retry(RetryPolicy::default())
-        .with_cache(64 << 20);
+            None => None,
+        };
         Ok(Hub(Arc::new(HubState {
             spools: spool::Spools::new(&config),
             allowed_hosts: config.host_allow_list()?,
             config,
-            db,
-            locks,
+            store,
+            locks: Locks::new(backend),
             cas,
             snapshots: SnapshotCache::new(64 << 20),
         })))
+    }
+
+    /// The client of the CAS, or 503 when this hub was opened without one.
+    pub fn cas(&self) -> HubResult<&AppCasClient> {
+        self.cas
+            .as_ref()
+            .ok_or_else(|| HubError::unavailable("this hub process has no content store"))
+    }
+
+    /// Uploads what `plan` holds in `space` with the hub's lease and parallelism.
+    pub fn uploader<'a>(
+        &'a self,
+        space: &'a cas_format::SpaceId,
+        plan: &'a cas_client::Plan,
+    ) -> HubResult<cas_client::Uploader<'a>> {
+        Ok(cas_client::Uploader::new(
+            self.cas()?,
+            space,
+            plan,
+            self.config.lease_ms,
+            self.config.parallelism,
+        ))
     }
 
     /// Makes the hub ready to serve: the local user (single-user mode), the first catalog
@@ -169,7 +199,7 @@ impl Hub {
 
     pub async fn close(&self) {
         self.locks.close().await;
-        self.db.close().await;
+        self.store.close().await;
     }
 }
 

@@ -1,27 +1,50 @@
 //! Holding a workspace (or the catalog) against every other writer, in this process and in
-//! others, for a bounded wait.
+//! others, for a bounded wait; and the one way writers use it: hold, settle what a writer
+//! that is gone left under the key, do the work, release ([`Hub::with_notebook_lock`]).
 //!
-//! - SQLite deployments (one host): a `BEGIN IMMEDIATE` on a small lock database of its own per
-//!   key, in the lock directory. The operating system enforces it between processes, and it is
-//!   released when the connection closes or the process dies.
-//! - Postgres deployments (any number of hub processes): a transaction-scoped advisory lock on a
-//!   dedicated connection, waited for with `lock_timeout`; released at rollback, or when the
-//!   connection drops with its process.
-//!
-//! In both, writers of one process first queue on an in-process mutex per key, so the database
-//! sees at most one waiter per key and process. A writer that cannot take the key within the
-//! wait gets [`Busy`] and must write nothing.
+//! Writers of one process first queue on an in-process mutex per key, so the database sees at
+//! most one waiter per key and process; then the key is taken in the database
+//! ([`crate::store::locks`]). A writer that cannot take the key within the wait gets 503
+//! `workspace_busy` and must write nothing.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use sqlx::any::AnyPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
-use sqlx::{AnyPool, Connection, Transaction};
+use axum::http::StatusCode;
+
+use crate::Hub;
+use crate::error::{HubError, HubResult};
+use crate::ids::NotebookId;
+use crate::store::locks::{HeldLock, LockBackend, LockError};
+
+/// A lock key: the catalog, or one notebook's workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LockKey(String);
+
+impl LockKey {
+    pub fn catalog() -> LockKey {
+        LockKey("catalog".into())
+    }
+
+    pub fn notebook(id: &NotebookId) -> LockKey {
+        LockKey(format!("nb:{id}"))
+    }
+
+    /// A key as the outbox stored it.
+    pub fn stored(s: String) -> LockKey {
+        LockKey(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// What to call it in a message: the notebook id, or `catalog`.
+    fn name(&self) -> &str {
+        self.0.split_once(':').map_or(&self.0, |(_, k)| k)
+    }
+}
 
 /// The key could not be taken within the wait.
 #[derive(Debug, Clone, Copy)]
@@ -29,78 +52,31 @@ pub struct Busy {
     pub waited: Duration,
 }
 
-/// A failure other than waiting too long.
-#[derive(Debug, thiserror::Error)]
-#[error("workspace lock failed: {0}")]
-pub struct LockError(String);
-
-enum Backend {
-    Files(PathBuf),
-    Postgres(AnyPool),
-}
-
 pub struct Locks {
-    backend: Backend,
+    backend: LockBackend,
     local: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
-}
-
-enum Held {
-    File(SqliteConnection),
-    Postgres(Transaction<'static, sqlx::Any>),
 }
 
 /// A held key. Dropping it releases it; [`Guard::release`] does so promptly.
 pub struct Guard {
-    held: Option<Held>,
+    held: Option<HeldLock>,
     _local: tokio::sync::OwnedMutexGuard<()>,
-    pub key: String,
 }
 
 impl Guard {
     pub async fn release(mut self) {
-        match self.held.take() {
-            Some(Held::File(mut conn)) => {
-                let _ = sqlx::query("ROLLBACK").execute(&mut conn).await;
-                let _ = conn.close().await;
-            }
-            Some(Held::Postgres(tx)) => {
-                let _ = tx.rollback().await;
-            }
-            None => {}
+        if let Some(h) = self.held.take() {
+            h.release().await;
         }
     }
 }
 
-fn key_digest(key: &str) -> [u8; 32] {
-    Sha256::new()
-        .chain_update(b"unicas-hub-lock\0")
-        .chain_update(key.as_bytes())
-        .finalize()
-        .into()
-}
-
 impl Locks {
-    /// Lock files under `dir`.
-    pub fn files(dir: PathBuf) -> std::io::Result<Locks> {
-        std::fs::create_dir_all(&dir)?;
-        Ok(Locks {
-            backend: Backend::Files(dir),
+    pub fn new(backend: LockBackend) -> Locks {
+        Locks {
+            backend,
             local: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// Advisory locks on the Postgres database at `url`.
-    pub async fn postgres(url: &str) -> Result<Locks, sqlx::Error> {
-        let pool = AnyPoolOptions::new()
-            .max_connections(32)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect(url)
-            .await?;
-        Ok(Locks {
-            backend: Backend::Postgres(pool),
-            local: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     fn local(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -117,88 +93,78 @@ impl Locks {
     /// Takes `key`, waiting at most `wait`.
     pub async fn acquire(
         &self,
-        key: &str,
+        key: &LockKey,
         wait: Duration,
     ) -> Result<Result<Guard, Busy>, LockError> {
         let start = Instant::now();
-        let local = match tokio::time::timeout(wait, self.local(key).lock_owned()).await {
+        let local = match tokio::time::timeout(wait, self.local(key.as_str()).lock_owned()).await {
             Ok(g) => g,
             Err(_) => return Ok(Err(Busy { waited: wait })),
         };
-        let left = wait
-            .saturating_sub(start.elapsed())
-            .max(Duration::from_millis(1));
-        let held = match &self.backend {
-            Backend::Files(dir) => {
-                let path = dir.join(format!(
-                    "{}.lock.sqlite3",
-                    hex::encode(&key_digest(key)[..16])
-                ));
-                let opts = SqliteConnectOptions::from_str("sqlite://")
-                    .map_err(|e| LockError(e.to_string()))?
-                    .filename(&path)
-                    .create_if_missing(true)
-                    .busy_timeout(left);
-                let mut conn = SqliteConnection::connect_with(&opts)
-                    .await
-                    .map_err(|e| LockError(format!("cannot open {}: {e}", path.display())))?;
-                match sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await {
-                    Ok(_) => Held::File(conn),
-                    Err(e) if is_busy(&e) => {
-                        let _ = conn.close().await;
-                        return Ok(Err(Busy {
-                            waited: start.elapsed(),
-                        }));
-                    }
-                    Err(e) => return Err(LockError(e.to_string())),
-                }
-            }
-            Backend::Postgres(pool) => {
-                let mut tx = pool.begin().await.map_err(|e| LockError(e.to_string()))?;
-                sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                    .bind(format!("{}ms", left.as_millis().max(1)))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| LockError(e.to_string()))?;
-                let d = key_digest(key);
-                let k = i64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
-                match sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(k)
-                    .execute(&mut *tx)
-                    .await
-                {
-                    Ok(_) => Held::Postgres(tx),
-                    Err(e) if is_busy(&e) => {
-                        let _ = tx.rollback().await;
-                        return Ok(Err(Busy {
-                            waited: start.elapsed(),
-                        }));
-                    }
-                    Err(e) => return Err(LockError(e.to_string())),
-                }
-            }
-        };
-        Ok(Ok(Guard {
-            held: Some(held),
-            _local: local,
-            key: key.to_string(),
-        }))
+        let left = wait.saturating_sub(start.elapsed());
+        match self.backend.take(key.as_str(), left).await? {
+            Some(held) => Ok(Ok(Guard {
+                held: Some(held),
+                _local: local,
+            })),
+            None => Ok(Err(Busy {
+                waited: start.elapsed(),
+            })),
+        }
     }
 
     pub async fn close(&self) {
-        if let Backend::Postgres(pool) = &self.backend {
-            pool.close().await;
-        }
+        self.backend.close().await;
     }
 }
 
-/// SQLite `SQLITE_BUSY` (5) or Postgres `lock_not_available` (55P03).
-fn is_busy(e: &sqlx::Error) -> bool {
-    match e.as_database_error() {
-        Some(d) => {
-            matches!(d.code().as_deref(), Some("5") | Some("55P03"))
-                || d.message().contains("database is locked")
+impl Hub {
+    /// Takes a lock key within the configured wait, or answers 503 `workspace_busy`.
+    pub(crate) async fn lock(&self, key: &LockKey) -> HubResult<Guard> {
+        let wait = Duration::from_millis(self.config.workspace_wait_ms);
+        match self
+            .locks
+            .acquire(key, wait)
+            .await
+            .map_err(|e| HubError::internal("cannot take the workspace lock", e))?
+        {
+            Ok(g) => Ok(g),
+            Err(busy) => Err(HubError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "workspace_busy",
+                format!(
+                    "another writer held {} for longer than {:.1} seconds; nothing was written, so the same request can be retried",
+                    key.name(),
+                    busy.waited.as_secs_f64()
+                ),
+            )
+            .with("name", key.name())
+            .with("timeout_seconds", wait.as_secs_f64())),
         }
-        None => false,
+    }
+
+    /// Holds `key`, settles what a writer that is gone left under it, runs `work`, releases.
+    pub(crate) async fn with_lock<T>(
+        &self,
+        key: &LockKey,
+        work: impl AsyncFnOnce() -> HubResult<T>,
+    ) -> HubResult<T> {
+        let guard = self.lock(key).await?;
+        let result = async {
+            self.settle(key).await?;
+            work().await
+        }
+        .await;
+        guard.release().await;
+        result
+    }
+
+    /// [`Self::with_lock`] on a notebook's workspace.
+    pub(crate) async fn with_notebook_lock<T>(
+        &self,
+        notebook: &NotebookId,
+        work: impl AsyncFnOnce() -> HubResult<T>,
+    ) -> HubResult<T> {
+        self.with_lock(&LockKey::notebook(notebook), work).await
     }
 }

@@ -17,104 +17,39 @@ use std::time::Duration;
 use bytes::Bytes;
 use cas_format::{Hash, RequestId, SpaceId};
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 
 use crate::Hub;
-use crate::db::WriteTx;
 use crate::error::{HubError, HubResult};
-
-/// An audit event row.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EventRow {
-    pub id: String,
-    pub project_id: Option<String>,
-    pub notebook_id: Option<String>,
-    pub ts_ms: i64,
-    pub event: String,
-    pub actor: String,
-    pub detail: serde_json::Value,
-}
-
-impl EventRow {
-    pub fn new(
-        event: &str,
-        actor: &str,
-        project_id: Option<&str>,
-        notebook_id: Option<&str>,
-        detail: serde_json::Value,
-    ) -> Self {
-        EventRow {
-            id: crate::ids::event_id(),
-            project_id: project_id.map(str::to_string),
-            notebook_id: notebook_id.map(str::to_string),
-            ts_ms: crate::ids::now_ms(),
-            event: event.to_string(),
-            actor: actor.to_string(),
-            detail,
-        }
-    }
-
-    pub async fn insert(&self, tx: &mut WriteTx) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO hub_events (id, project_id, notebook_id, ts_ms, event, actor, detail) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(&self.id)
-        .bind(&self.project_id)
-        .bind(&self.notebook_id)
-        .bind(self.ts_ms)
-        .bind(&self.event)
-        .bind(&self.actor)
-        .bind(self.detail.to_string())
-        .execute(tx.conn())
-        .await?;
-        Ok(())
-    }
-}
-
-/// A row of the version index.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VersionRow {
-    pub notebook_id: String,
-    pub project_id: String,
-    pub revision: i64,
-    pub version_id: String,
-    pub version_hash: Hash,
-    pub tree_hash: Hash,
-    pub parent_revision: Option<i64>,
-    pub saved_at_ms: i64,
-    pub author: String,
-    pub message: String,
-    pub kind: String,
-    pub file_count: i64,
-    pub logical_bytes: i64,
-}
+use crate::ids::{NotebookId, ProjectId};
+use crate::lock::LockKey;
+use crate::store::outbox::PendingRecord;
+use crate::store::{EventRow, HubStore, NotebookState, TrashRow, VersionRow, WriteTx};
 
 /// A local change that rides with a catalog commit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "effect", rename_all = "snake_case")]
 pub enum Effect {
     CreateNotebook {
-        notebook_id: String,
-        project_id: String,
+        notebook_id: NotebookId,
+        project_id: ProjectId,
         sync_token_hash: Option<String>,
         #[serde(default)]
         sync_token_owner: Option<String>,
     },
     Trash {
-        notebook_id: String,
-        project_id: String,
+        notebook_id: NotebookId,
+        project_id: ProjectId,
         token: String,
         title: String,
         actor: String,
         at_ms: i64,
     },
     Restore {
-        notebook_id: String,
+        notebook_id: NotebookId,
         token: String,
     },
     StartPurge {
-        notebook_id: String,
+        notebook_id: NotebookId,
         token: String,
     },
     Event(EventRow),
@@ -140,7 +75,7 @@ pub enum Payload {
     },
     /// Mark versions pruned (retention), or the whole notebook purged.
     Release {
-        notebook_id: String,
+        notebook_id: NotebookId,
         revisions: Vec<i64>,
         purge: bool,
         events: Vec<EventRow>,
@@ -151,7 +86,7 @@ pub enum Payload {
 #[derive(Debug, Clone)]
 pub struct Pending {
     pub request_id: String,
-    pub lock_key: String,
+    pub lock_key: LockKey,
     pub space: SpaceId,
     pub changes: BTreeMap<Hash, i64>,
     pub payload: Payload,
@@ -170,51 +105,36 @@ impl Pending {
         }
     }
 
-    /// Writes the row; `before` runs in the same transaction (e.g. the revision allocation).
-    pub async fn insert(&self, tx: &mut WriteTx) -> Result<(), sqlx::Error> {
-        let changes: BTreeMap<String, i64> = self
-            .changes
-            .iter()
-            .map(|(h, d)| (h.to_string(), *d))
-            .collect();
-        sqlx::query(
-            "INSERT INTO hub_pending (request_id, kind, lock_key, space_id, changes, payload, root_node, created_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    /// Writes the row in `tx` (with whatever else the caller commits with it).
+    pub async fn insert(&self, tx: &mut WriteTx) -> HubResult<()> {
+        let payload = serde_json::to_string(&self.payload)
+            .map_err(|e| HubError::internal("cannot encode an outbox row", e))?;
+        HubStore::insert_pending(
+            tx,
+            &PendingRecord {
+                request_id: self.request_id.clone(),
+                kind: self.kind().to_string(),
+                lock_key: self.lock_key.as_str().to_string(),
+                space: self.space.clone(),
+                changes: self.changes.clone(),
+                payload,
+                root_node: self.root_node.clone(),
+            },
         )
-        .bind(&self.request_id)
-        .bind(self.kind())
-        .bind(&self.lock_key)
-        .bind(self.space.as_str())
-        .bind(serde_json::to_string(&changes).unwrap_or_default())
-        .bind(serde_json::to_string(&self.payload).unwrap_or_default())
-        .bind(self.root_node.as_ref().map(|b| b.to_vec()))
-        .bind(crate::ids::now_ms())
-        .execute(tx.conn())
         .await?;
         Ok(())
     }
-}
 
-fn parse_row(row: &sqlx::any::AnyRow) -> Result<Pending, String> {
-    let request_id: String = row.try_get("request_id").map_err(|e| e.to_string())?;
-    let lock_key: String = row.try_get("lock_key").map_err(|e| e.to_string())?;
-    let space: String = row.try_get("space_id").map_err(|e| e.to_string())?;
-    let changes: String = row.try_get("changes").map_err(|e| e.to_string())?;
-    let payload: String = row.try_get("payload").map_err(|e| e.to_string())?;
-    let root: Option<Vec<u8>> = row.try_get("root_node").map_err(|e| e.to_string())?;
-    let changes: BTreeMap<String, i64> =
-        serde_json::from_str(&changes).map_err(|e| e.to_string())?;
-    Ok(Pending {
-        request_id,
-        lock_key,
-        space: space.parse().map_err(|e| format!("{e}"))?,
-        changes: changes
-            .into_iter()
-            .map(|(h, d)| Ok((h.parse::<Hash>().map_err(|e| e.to_string())?, d)))
-            .collect::<Result<_, String>>()?,
-        payload: serde_json::from_str(&payload).map_err(|e| e.to_string())?,
-        root_node: root.map(Bytes::from),
-    })
+    fn from_record(r: PendingRecord) -> Result<Pending, serde_json::Error> {
+        Ok(Pending {
+            payload: serde_json::from_str(&r.payload)?,
+            request_id: r.request_id,
+            lock_key: LockKey::stored(r.lock_key),
+            space: r.space,
+            changes: r.changes,
+            root_node: r.root_node,
+        })
+    }
 }
 
 /// How sending a delta ended.
@@ -225,6 +145,22 @@ enum Sent {
 }
 
 impl Hub {
+    /// Writes `p` (in a transaction of its own), then completes it.
+    pub(crate) async fn record_and_complete(&self, p: &Pending) -> HubResult<()> {
+        let mut tx = self.store.write().await?;
+        p.insert(&mut tx).await?;
+        tx.commit().await?;
+        self.complete(p, false).await
+    }
+
+    /// Performs the commit of `p`, which has no delta to send.
+    pub(crate) async fn commit_without_delta(&self, p: &Pending) -> HubResult<()> {
+        let mut tx = self.store.write().await?;
+        commit_payload(&mut tx, &p.payload, false).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Sends the delta of `p` (idempotently) and performs its commit. On a transient failure
     /// the row stays for recovery and the error is returned; on a refusal the row is dropped.
     pub(crate) async fn complete(&self, p: &Pending, recovering: bool) -> HubResult<()> {
@@ -232,22 +168,16 @@ impl Hub {
             Sent::Applied => {}
             Sent::Refused(e) => {
                 tracing::warn!(request = %p.request_id, error = %e, "the content store refused a root-ref delta; dropping it");
-                sqlx::query("DELETE FROM hub_pending WHERE request_id = $1")
-                    .bind(&p.request_id)
-                    .execute(&self.db.pool)
-                    .await?;
+                self.store.drop_pending(&p.request_id).await?;
                 return Err(HubError::internal(
                     "the content store refused to retain the new state; nothing was committed",
                     e,
                 ));
             }
         }
-        let mut tx = self.db.write().await?;
-        self.commit_payload(&mut tx, p, recovering).await?;
-        sqlx::query("DELETE FROM hub_pending WHERE request_id = $1")
-            .bind(&p.request_id)
-            .execute(tx.conn())
-            .await?;
+        let mut tx = self.store.write().await?;
+        commit_payload(&mut tx, &p.payload, recovering).await?;
+        HubStore::delete_pending(&mut tx, &p.request_id).await?;
         crate::failpoint::hit("hub-before-local-commit").await?;
         tx.commit().await?;
         Ok(())
@@ -258,13 +188,13 @@ impl Hub {
             .request_id
             .parse()
             .map_err(|e| HubError::internal("bad request id", e))?;
+        let cas = self.cas()?;
         if recovering && let Some(root) = &p.root_node {
             // The root may have been collected while its writer was gone: store it again (its
             // children must still be there; if not, the delta is refused below).
             let hash = Hash::digest(root);
             let nodes = std::collections::HashMap::from([(hash, root.clone())]);
-            if let Err(e) = self
-                .cas
+            if let Err(e) = cas
                 .store_dag(&p.space, &nodes, &[hash], self.config.lease_ms, 1)
                 .await
             {
@@ -275,8 +205,7 @@ impl Hub {
             }
         }
         crate::failpoint::hit("hub-before-root-refs").await?;
-        match self
-            .cas
+        match cas
             .update_root_refs(&p.space, &request_id, p.changes.clone())
             .await
         {
@@ -290,166 +219,11 @@ impl Hub {
         }
     }
 
-    async fn commit_payload(
-        &self,
-        tx: &mut WriteTx,
-        p: &Pending,
-        recovering: bool,
-    ) -> HubResult<()> {
-        let now = crate::ids::now_ms();
-        match &p.payload {
-            Payload::Catalog {
-                expected_seq,
-                snapshot_id,
-                snapshot_hash,
-                effects,
-            } => {
-                let swapped = if *expected_seq == 0 {
-                    sqlx::query(
-                        "INSERT INTO hub_catalog (id, seq, snapshot_id, snapshot_hash, updated_at_ms) \
-                         VALUES (1, 1, $1, $2, $3) ON CONFLICT (id) DO NOTHING",
-                    )
-                    .bind(snapshot_id)
-                    .bind(snapshot_hash.to_string())
-                    .bind(now)
-                    .execute(tx.conn())
-                    .await?
-                    .rows_affected()
-                } else {
-                    sqlx::query(
-                        "UPDATE hub_catalog SET seq = seq + 1, snapshot_id = $1, snapshot_hash = $2, \
-                         updated_at_ms = $3 WHERE id = 1 AND seq = $4",
-                    )
-                    .bind(snapshot_id)
-                    .bind(snapshot_hash.to_string())
-                    .bind(now)
-                    .bind(*expected_seq)
-                    .execute(tx.conn())
-                    .await?
-                    .rows_affected()
-                };
-                if swapped != 1 {
-                    // Only possible if the catalog lock was not held: never commit over it.
-                    return Err(HubError::conflict(
-                        "the catalog moved while it was being changed; retry",
-                    ));
-                }
-                for e in effects {
-                    apply_effect(tx, e, now).await?;
-                }
-            }
-            Payload::Versions {
-                rows,
-                move_head,
-                events,
-            } => {
-                for r in rows {
-                    sqlx::query(
-                        "INSERT INTO hub_versions (notebook_id, revision, version_id, project_id, version_hash, \
-                         tree_hash, parent_revision, saved_at_ms, author, message, kind, file_count, logical_bytes, state) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'kept') \
-                         ON CONFLICT (notebook_id, revision) DO NOTHING",
-                    )
-                    .bind(&r.notebook_id)
-                    .bind(r.revision)
-                    .bind(&r.version_id)
-                    .bind(&r.project_id)
-                    .bind(r.version_hash.to_string())
-                    .bind(r.tree_hash.to_string())
-                    .bind(r.parent_revision)
-                    .bind(r.saved_at_ms)
-                    .bind(&r.author)
-                    .bind(&r.message)
-                    .bind(&r.kind)
-                    .bind(r.file_count)
-                    .bind(r.logical_bytes)
-                    .execute(tx.conn())
-                    .await?;
-                }
-                if let Some(last) = rows.last() {
-                    if *move_head && !recovering {
-                        sqlx::query(
-                            "UPDATE hub_notebooks SET head_revision = $1, updated_at_ms = $2 WHERE notebook_id = $3",
-                        )
-                        .bind(last.revision)
-                        .bind(now)
-                        .bind(&last.notebook_id)
-                        .execute(tx.conn())
-                        .await?;
-                    } else {
-                        sqlx::query(
-                            "UPDATE hub_notebooks SET updated_at_ms = $1 WHERE notebook_id = $2",
-                        )
-                        .bind(now)
-                        .bind(&last.notebook_id)
-                        .execute(tx.conn())
-                        .await?;
-                    }
-                }
-                for e in events {
-                    let mut e = e.clone();
-                    if recovering {
-                        e.event = format!("{}.recovered", e.event);
-                    }
-                    e.insert(tx).await?;
-                }
-            }
-            Payload::Release {
-                notebook_id,
-                revisions,
-                purge,
-                events,
-            } => {
-                for chunk in revisions.chunks(500) {
-                    let list = chunk
-                        .iter()
-                        .map(i64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(",");
-                    // The revisions are integers we wrote ourselves: inlining them is safe.
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "UPDATE hub_versions SET state = 'pruned', pruned_at_ms = $1 \
-                         WHERE notebook_id = $2 AND state = 'kept' AND revision IN ({list})"
-                    )))
-                    .bind(now)
-                    .bind(notebook_id)
-                    .execute(tx.conn())
-                    .await?;
-                }
-                if *purge {
-                    sqlx::query(
-                        "UPDATE hub_notebooks SET state = 'purged', head_revision = NULL, \
-                         sync_token_hash = NULL, updated_at_ms = $1 WHERE notebook_id = $2",
-                    )
-                    .bind(now)
-                    .bind(notebook_id)
-                    .execute(tx.conn())
-                    .await?;
-                }
-                for e in events {
-                    e.insert(tx).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Settles the rows left under `lock_key` by writers that are gone. The caller holds the key.
-    pub(crate) async fn settle(&self, lock_key: &str) -> HubResult<()> {
-        let rows = sqlx::query(
-            "SELECT request_id, lock_key, space_id, changes, payload, root_node FROM hub_pending \
-             WHERE lock_key = $1 ORDER BY created_at_ms, request_id",
-        )
-        .bind(lock_key)
-        .fetch_all(&self.db.pool)
-        .await?;
-        for row in rows {
-            let p = match parse_row(&row) {
-                Ok(p) => p,
-                Err(e) => {
-                    return Err(HubError::internal("an outbox row cannot be read", e));
-                }
-            };
+    /// Settles the rows left under `key` by writers that are gone. The caller holds the key.
+    pub(crate) async fn settle(&self, key: &LockKey) -> HubResult<()> {
+        for record in self.store.pending_under(key.as_str()).await? {
+            let p = Pending::from_record(record)
+                .map_err(|e| HubError::internal("an outbox row cannot be read", e))?;
             tracing::info!(request = %p.request_id, "settling a root-ref delta left by a writer that is gone");
             match self.complete(&p, true).await {
                 Ok(()) => {}
@@ -466,12 +240,9 @@ impl Hub {
 
     /// Settles every row whose lock key can be taken now (at start and periodically).
     pub async fn recover(&self) -> HubResult<usize> {
-        let keys: Vec<String> =
-            sqlx::query_scalar("SELECT DISTINCT lock_key FROM hub_pending ORDER BY lock_key")
-                .fetch_all(&self.db.pool)
-                .await?;
         let mut settled = 0;
-        for key in keys {
+        for key in self.store.pending_lock_keys().await? {
+            let key = LockKey::stored(key);
             let guard = match self
                 .locks
                 .acquire(&key, Duration::from_millis(200))
@@ -490,6 +261,64 @@ impl Hub {
     }
 }
 
+/// The local commit of a payload, in `tx`.
+async fn commit_payload(tx: &mut WriteTx, payload: &Payload, recovering: bool) -> HubResult<()> {
+    let now = crate::ids::now_ms();
+    match payload {
+        Payload::Catalog {
+            expected_seq,
+            snapshot_id,
+            snapshot_hash,
+            effects,
+        } => {
+            if !HubStore::swap_catalog_head(tx, *expected_seq, snapshot_id, snapshot_hash, now)
+                .await?
+            {
+                // Only possible if the catalog lock was not held: never commit over it.
+                return Err(HubError::conflict(
+                    "the catalog moved while it was being changed; retry",
+                ));
+            }
+            for e in effects {
+                apply_effect(tx, e, now).await?;
+            }
+        }
+        Payload::Versions {
+            rows,
+            move_head,
+            events,
+        } => {
+            HubStore::insert_versions(tx, rows).await?;
+            if let Some(last) = rows.last() {
+                let head = (*move_head && !recovering).then_some(last.revision);
+                HubStore::touch_head(tx, &last.notebook_id, head, now).await?;
+            }
+            for e in events {
+                let mut e = e.clone();
+                if recovering {
+                    e.event = format!("{}.recovered", e.event);
+                }
+                e.insert(tx).await?;
+            }
+        }
+        Payload::Release {
+            notebook_id,
+            revisions,
+            purge,
+            events,
+        } => {
+            HubStore::mark_pruned(tx, notebook_id, revisions, now).await?;
+            if *purge {
+                HubStore::set_notebook_state(tx, notebook_id, NotebookState::Purged, now).await?;
+            }
+            for e in events {
+                e.insert(tx).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn apply_effect(tx: &mut WriteTx, e: &Effect, now: i64) -> HubResult<()> {
     match e {
         Effect::CreateNotebook {
@@ -498,17 +327,14 @@ async fn apply_effect(tx: &mut WriteTx, e: &Effect, now: i64) -> HubResult<()> {
             sync_token_hash,
             sync_token_owner,
         } => {
-            sqlx::query(
-                "INSERT INTO hub_notebooks (notebook_id, project_id, state, head_revision, max_revision, \
-                 sync_token_hash, sync_token_owner, created_at_ms, updated_at_ms) \
-                 VALUES ($1, $2, 'live', NULL, 0, $3, $4, $5, $5) ON CONFLICT (notebook_id) DO NOTHING",
+            HubStore::insert_notebook(
+                tx,
+                notebook_id,
+                project_id,
+                sync_token_hash.as_deref(),
+                sync_token_owner.as_deref(),
+                now,
             )
-            .bind(notebook_id)
-            .bind(project_id)
-            .bind(sync_token_hash)
-            .bind(sync_token_owner)
-            .bind(now)
-            .execute(tx.conn())
             .await?;
         }
         Effect::Trash {
@@ -519,43 +345,25 @@ async fn apply_effect(tx: &mut WriteTx, e: &Effect, now: i64) -> HubResult<()> {
             actor,
             at_ms,
         } => {
-            sqlx::query("UPDATE hub_notebooks SET state = 'trashed', updated_at_ms = $1 WHERE notebook_id = $2")
-                .bind(now)
-                .bind(notebook_id)
-                .execute(tx.conn())
-                .await?;
-            sqlx::query(
-                "INSERT INTO hub_trash (token, project_id, notebook_id, title, trashed_at_ms, actor) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (token) DO NOTHING",
-            )
-            .bind(token)
-            .bind(project_id)
-            .bind(notebook_id)
-            .bind(title)
-            .bind(at_ms)
-            .bind(actor)
-            .execute(tx.conn())
-            .await?;
+            HubStore::set_notebook_state(tx, notebook_id, NotebookState::Trashed, now).await?;
+            let entry = TrashRow {
+                token: token.clone(),
+                notebook_id: notebook_id.clone(),
+                title: title.clone(),
+                trashed_at_ms: *at_ms,
+                actor: actor.clone(),
+            };
+            HubStore::insert_trash(tx, project_id, &entry).await?;
         }
         // Both take the notebook out of the trash: back to live, or on to its purge.
         Effect::Restore { notebook_id, token } | Effect::StartPurge { notebook_id, token } => {
             let state = if matches!(e, Effect::Restore { .. }) {
-                "live"
+                NotebookState::Live
             } else {
-                "purging"
+                NotebookState::Purging
             };
-            sqlx::query(
-                "UPDATE hub_notebooks SET state = $1, updated_at_ms = $2 WHERE notebook_id = $3",
-            )
-            .bind(state)
-            .bind(now)
-            .bind(notebook_id)
-            .execute(tx.conn())
-            .await?;
-            sqlx::query("DELETE FROM hub_trash WHERE token = $1")
-                .bind(token)
-                .execute(tx.conn())
-                .await?;
+            HubStore::set_notebook_state(tx, notebook_id, state, now).await?;
+            HubStore::delete_trash(tx, token).await?;
         }
         Effect::Event(ev) => ev.insert(tx).await?,
     }

@@ -9,8 +9,8 @@
 //! Space and cost one lease, not an upload.
 
 use axum::http::StatusCode;
+use cas_client::TreeBuilder;
 use cas_client::tarball::{TarError, TarLimits, read_tar};
-use cas_client::{TreeBuilder, Uploader};
 use serde::Serialize;
 use tokio::io::AsyncRead;
 use utoipa::ToSchema;
@@ -18,21 +18,21 @@ use utoipa::ToSchema;
 use crate::Hub;
 use crate::auth::{SYNC_PREFIX, same, sync_hash};
 use crate::catalog::{Role, Source};
+use crate::commit::{Parent, VersionSpec};
 use crate::error::{HubError, HubResult};
-use crate::ids;
-use crate::workspace::{
-    Parent, VersionSpec, check_message, notebook_lock, parse_path, project_space,
-};
+use crate::ids::{self, NotebookId, ProjectId, VersionId};
+use crate::store::{NotebookState, VersionKind};
+use crate::workspace::{check_message, parse_path};
 
 /// Most entries one push may hold.
 pub const MAX_ENTRIES: u64 = 200_000;
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Synced {
-    pub version_id: String,
+    pub version_id: VersionId,
     pub revision: i64,
-    pub notebook_id: String,
-    pub project_id: String,
+    pub notebook_id: NotebookId,
+    pub project_id: ProjectId,
     pub file_count: i64,
     pub size_bytes: i64,
     /// Bytes of the tar body received.
@@ -72,17 +72,15 @@ impl Hub {
             return Err(unauthorized());
         }
         let (nid, secret) = (&rest[..19], &rest[20..]);
-        if !ids::valid("nb-", nid) {
-            return Err(unauthorized());
-        }
-        let nb = self.notebook_row(nid).await?.ok_or_else(unauthorized)?;
+        let nid: NotebookId = nid.parse().map_err(|_| unauthorized())?;
+        let nb = self.store.notebook(&nid).await?.ok_or_else(unauthorized)?;
         match &nb.sync_token_hash {
-            Some(h) if nb.state == "live" && same(h, &sync_hash(nid, secret)) => {}
+            Some(h) if nb.state == NotebookState::Live && same(h, &sync_hash(&nid, secret)) => {}
             _ => return Err(unauthorized()),
         }
         let cat = self.catalog().await?;
         let project = cat.project(&nb.project_id).ok_or_else(unauthorized)?;
-        let entry = project.notebook(nid).ok_or_else(unauthorized)?;
+        let entry = project.notebook(&nid).ok_or_else(unauthorized)?;
         // The token acts for its owner, as the owner stands now: removed from the project,
         // demoted below editor or suspended, and the token stops working.
         let owner_id = nb.sync_token_owner.as_deref().unwrap_or(&entry.author);
@@ -143,55 +141,47 @@ impl Hub {
             ))
             .with("entry_notebook", entry.as_str()));
         }
-        let space = project_space(&nb.project_id)?;
-        let report = Uploader::new(
-            &self.cas,
-            &space,
-            &plan,
-            self.config.lease_ms,
-            self.config.parallelism,
-        )
-        .run(&[tree])
-        .await
-        .map_err(|e| match e {
-            cas_client::ClientError::Invalid(m) => HubError::invalid(m),
-            other => other.into(),
-        })?;
+        let space = nb.project_id.space();
+        let report = self
+            .uploader(&space, &plan)?
+            .run(&[tree])
+            .await
+            .map_err(|e| match e {
+                cas_client::ClientError::Invalid(m) => HubError::invalid(m),
+                other => other.into(),
+            })?;
         drop(plan);
 
-        let guard = self.lock(&notebook_lock(nid)).await?;
-        let result = async {
-            self.settle(&notebook_lock(nid)).await?;
-            let nb = match self.notebook_row(nid).await? {
-                Some(nb) if nb.state == "live" => nb,
-                _ => {
-                    return Err(HubError::new(
-                        StatusCode::GONE,
-                        "NOT_FOUND",
-                        "the notebook was deleted",
-                    ));
+        let mut committed = self
+            .with_notebook_lock(&nid, async || {
+                let nb = match self.store.notebook(&nid).await? {
+                    Some(nb) if nb.state == NotebookState::Live => nb,
+                    _ => {
+                        return Err(HubError::new(
+                            StatusCode::GONE,
+                            "NOT_FOUND",
+                            "the notebook was deleted",
+                        ));
+                    }
+                };
+                let mut extra = std::collections::BTreeMap::new();
+                if let Some(c) = &commit {
+                    extra.insert("git_commit".to_string(), c.clone());
                 }
-            };
-            let mut extra = std::collections::BTreeMap::new();
-            if let Some(c) = &commit {
-                extra.insert("git_commit".to_string(), c.clone());
-            }
-            let spec = VersionSpec {
-                tree,
-                stats,
-                author: format!("sync:{nid}"),
-                message,
-                kind: "sync".into(),
-                saved_at_ms: ids::now_ms(),
-                parent: nb.head_revision.map_or(Parent::None, Parent::Revision),
-                extra,
-            };
-            self.commit_versions(&nb, cas_client::Plan::default(), vec![spec], true)
-                .await
-        }
-        .await;
-        guard.release().await;
-        let mut committed = result?;
+                let spec = VersionSpec {
+                    tree,
+                    stats,
+                    author: format!("sync:{nid}"),
+                    message,
+                    kind: VersionKind::Sync,
+                    saved_at_ms: ids::now_ms(),
+                    parent: nb.head_revision.map_or(Parent::None, Parent::Revision),
+                    extra,
+                };
+                self.commit_versions(&nb, cas_client::Plan::default(), vec![spec], true)
+                    .await
+            })
+            .await?;
         let c = committed.remove(0);
         Ok(Synced {
             version_id: c.version_id,

@@ -13,13 +13,13 @@ use tokio::io::AsyncRead;
 
 use crate::Hub;
 use crate::auth::User;
-use crate::catalog::{NotebookEntry, Role, Source};
+use crate::catalog::{Role, Source};
+use crate::commit::{Parent, VERSION_KIND, VersionSpec};
 use crate::error::{HubError, HubResult};
-use crate::ids;
+use crate::ids::ProjectId;
 use crate::notebooks::CreatedNotebook;
-use crate::workspace::{
-    MAX_MESSAGE, NotebookRow, Parent, StagedFile, VERSION_KIND, VersionSpec, project_space,
-};
+use crate::store::{NotebookRow, VersionKind};
+use crate::workspace::{MAX_MESSAGE, StagedFile};
 
 fn client_invalid(e: ClientError) -> HubError {
     match e {
@@ -37,18 +37,18 @@ impl Hub {
     pub async fn stage_upload<R: AsyncRead + Unpin>(
         &self,
         user: &User,
-        pid: &str,
+        pid: &ProjectId,
         body: R,
     ) -> HubResult<StagedFile> {
         self.project_for(user, pid, Role::Editor).await?;
-        let space = project_space(pid)?;
+        let space = pid.space();
         let _slot = self.spools.slot()?;
         let (file, len) = self
             .spools
             .copy(body, self.config.upload_max_bytes, "upload")
             .await?;
         let (file, _report) = self
-            .cas
+            .cas()?
             .store_spooled(
                 &space,
                 file,
@@ -85,8 +85,8 @@ impl Hub {
         let writer = file
             .try_clone()
             .map_err(|e| HubError::internal("cannot open a spool file", e))?;
-        let space = project_space(&nb.project_id)?;
-        let report = self.cas.export_to(&space, &roots, writer, None).await?;
+        let space = nb.project_id.space();
+        let report = self.cas()?.export_to(&space, &roots, writer, None).await?;
         std::io::Seek::rewind(&mut file)
             .map_err(|e| HubError::internal("cannot rewind the archive", e))?;
         Ok((tokio::fs::File::from_std(file), report.bytes))
@@ -97,7 +97,7 @@ impl Hub {
     pub async fn import_notebook<R: AsyncRead + Unpin>(
         &self,
         user: &User,
-        pid: &str,
+        pid: &ProjectId,
         title: &str,
         body: R,
     ) -> HubResult<CreatedNotebook> {
@@ -111,7 +111,7 @@ impl Hub {
                 return Err(HubError::name_taken(&title));
             }
         }
-        let space = project_space(pid)?;
+        let space = pid.space();
         let slot = self.spools.slot()?;
         let (file, _) = self
             .spools
@@ -147,7 +147,7 @@ impl Hub {
                 .stats;
             versions.push((revision, spec));
         }
-        self.cas
+        self.cas()?
             .import_file(
                 &space,
                 file,
@@ -160,21 +160,15 @@ impl Hub {
             .map_err(client_invalid)?;
         drop(slot);
         versions.sort_by_key(|v| v.0);
-        let now_ms = ids::now_ms();
-        let entry = NotebookEntry {
-            id: ids::notebook_id(),
+        let entry = Self::new_entry(
+            user,
             title,
-            description: String::new(),
-            status: "active".into(),
-            author: user.id.clone(),
-            created_at: ids::rfc3339(now_ms),
-            updated_at: ids::rfc3339(now_ms),
-            tags: Vec::new(),
-            source: Source::Local {
+            String::new(),
+            Vec::new(),
+            Source::Local {
                 entry_notebook: None,
             },
-            status_before_delete: None,
-        };
+        );
         let specs: Vec<VersionSpec> = versions
             .into_iter()
             .enumerate()
@@ -190,7 +184,7 @@ impl Hub {
         self.add_notebook(user, pid, entry.clone(), None, "notebook.import")
             .await?;
         let committed = self.commit_new(&entry.id, Plan::default(), specs).await?;
-        let row = self.notebook_row(&entry.id).await?;
+        let row = self.store.notebook(&entry.id).await?;
         Ok(CreatedNotebook {
             notebook: self.notebook_view(pid, &entry, row.as_ref()),
             sync_token: None,
@@ -251,7 +245,7 @@ fn parse_version(
             stats: TreeStats::default(),
             author: importer.to_string(),
             message,
-            kind: "import".into(),
+            kind: VersionKind::Import,
             saved_at_ms,
             parent: Parent::None,
             extra,

@@ -1,0 +1,178 @@
+//! The HTTP API under `/api/v1` (and push sync at `/api/sync/git/v1`), with its OpenAPI
+//! document at `/api/v1/doc`. Every JSON answer is the seed-000 envelope. One module per
+//! resource holds its handlers, bodies and OpenAPI annotations; this one assembles the router.
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::Hub;
+use crate::error::HubError;
+
+pub mod auth;
+pub mod envelope;
+pub mod extract;
+pub mod files;
+pub mod notebooks;
+pub mod projects;
+pub mod storage;
+pub mod sync;
+pub mod system;
+pub mod transfer;
+pub mod versions;
+pub mod workspace;
+
+#[cfg(test)]
+mod tests;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "UniCAS notebook hub",
+        description = "Projects, notebooks, workspaces and versions, stored as content-addressed nodes. \
+            Every JSON answer is an envelope: `{\"success\": true, \"data\": …}` or \
+            `{\"success\": false, \"error\": {\"code\", \"message\", …}}`."
+    ),
+    modifiers(&TokenScheme),
+    tags(
+        (name = "catalog", description = "The whole project and notebook index in one read"),
+        (name = "projects", description = "Projects, members, events, storage, trash"),
+        (name = "notebooks", description = "Notebooks, workspaces, versions, forks, export and import"),
+        (name = "sync", description = "Push sync from an external workflow"),
+        (name = "auth", description = "The caller and personal access tokens"),
+        (name = "system", description = "Health"),
+    )
+)]
+struct ApiDoc;
+
+struct TokenScheme;
+
+impl utoipa::Modify for TokenScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let bearer = |description: &str| {
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(description))
+                    .build(),
+            )
+        };
+        let c = openapi.components.get_or_insert_with(Default::default);
+        c.add_security_scheme("token", bearer("A personal access token, `uhub_pat_…`"));
+        c.add_security_scheme(
+            "sync_token",
+            bearer("A notebook's sync token, `uhub_sync_…`"),
+        );
+    }
+}
+
+/// The OpenAPI document of the hub.
+async fn openapi(
+    State(doc): State<std::sync::Arc<utoipa::openapi::OpenApi>>,
+) -> Json<utoipa::openapi::OpenApi> {
+    Json((*doc).clone())
+}
+
+/// The router with every route, and the OpenAPI document built from it.
+pub fn router(hub: Hub) -> Router {
+    let json_limit = usize::try_from(hub.config.json_max_bytes).unwrap_or(usize::MAX);
+    let (json_routes, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(system::get_catalog))
+        .routes(routes!(auth::me))
+        .routes(routes!(auth::list_tokens, auth::create_token))
+        .routes(routes!(auth::revoke_token))
+        .routes(routes!(projects::list_projects, projects::create_project))
+        .routes(routes!(
+            projects::get_project,
+            projects::update_project,
+            projects::delete_project
+        ))
+        .routes(routes!(projects::put_member))
+        .routes(routes!(projects::remove_member))
+        .routes(routes!(projects::list_events))
+        .routes(routes!(storage::storage))
+        .routes(routes!(storage::gc))
+        .routes(routes!(projects::list_trash))
+        .routes(routes!(projects::restore_trash))
+        .routes(routes!(projects::purge_trash))
+        .routes(routes!(
+            notebooks::list_notebooks,
+            notebooks::create_notebook
+        ))
+        .routes(routes!(
+            notebooks::get_notebook,
+            notebooks::update_notebook,
+            notebooks::trash_notebook
+        ))
+        .routes(routes!(workspace::get_workspace, workspace::save))
+        .routes(routes!(workspace::workspace_file))
+        .routes(routes!(versions::list_versions))
+        .routes(routes!(versions::get_version))
+        .routes(routes!(versions::version_file))
+        .routes(routes!(versions::restore_version))
+        .routes(routes!(notebooks::fork))
+        .routes(routes!(notebooks::branch))
+        .routes(routes!(transfer::export))
+        .routes(routes!(notebooks::rotate_sync_token))
+        .routes(routes!(system::healthz))
+        .routes(routes!(system::readyz))
+        .layer(DefaultBodyLimit::max(json_limit))
+        .split_for_parts();
+    // Streamed bodies carry their own limits.
+    let (stream_routes, stream_doc) = OpenApiRouter::new()
+        .routes(routes!(storage::upload))
+        .routes(routes!(transfer::import))
+        .routes(routes!(sync::push_sync))
+        .layer(DefaultBodyLimit::disable())
+        .split_for_parts();
+    doc.merge(stream_doc);
+    // Routing needs `{*path}` for paths with slashes; OpenAPI spells it `{path}`.
+    let paths = std::mem::take(&mut doc.paths.paths);
+    doc.paths.paths = paths
+        .into_iter()
+        .map(|(k, v)| (k.replace("{*", "{"), v))
+        .collect();
+    let doc = std::sync::Arc::new(doc);
+    let docs = Router::new()
+        .route("/api/v1/doc", get(openapi))
+        .route("/api/v1/openapi.json", get(openapi))
+        .with_state(doc);
+    json_routes
+        .merge(stream_routes)
+        .fallback(|| async { HubError::not_found("no such route") })
+        .with_state(hub.clone())
+        .merge(docs)
+        .layer(axum::middleware::from_fn_with_state(hub, guard_browser))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// Refuses requests to a host the hub does not answer to, and changes requested by pages of
+/// another origin (see [`server_kit::web_guard`]).
+async fn guard_browser(
+    State(hub): State<Hub>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match server_kit::web_guard::check(
+        &hub.allowed_hosts,
+        hub.config.public_url.as_deref(),
+        req.method(),
+        req.headers(),
+    ) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            let (code, message) = refusal.code_and_message();
+            let status = match refusal {
+                server_kit::web_guard::Refusal::Host(_) => StatusCode::MISDIRECTED_REQUEST,
+                server_kit::web_guard::Refusal::Origin(_) => StatusCode::FORBIDDEN,
+            };
+            HubError::new(status, code, message).into_response()
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Audit events (`hub_events`): ULID ids, so time-sortable.
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+use super::{HubStore, WriteTx, parsed_opt};
+use crate::ids::{self, NotebookId, ProjectId};
+
+/// An audit event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventRow {
+    pub id: String,
+    pub project_id: Option<ProjectId>,
+    pub notebook_id: Option<NotebookId>,
+    pub ts_ms: i64,
+    pub event: String,
+    pub actor: String,
+    pub detail: serde_json::Value,
+}
+
+impl EventRow {
+    pub fn new(
+        event: &str,
+        actor: &str,
+        project_id: Option<&ProjectId>,
+        notebook_id: Option<&NotebookId>,
+        detail: serde_json::Value,
+    ) -> Self {
+        EventRow {
+            id: ids::event_id(),
+            project_id: project_id.cloned(),
+            notebook_id: notebook_id.cloned(),
+            ts_ms: ids::now_ms(),
+            event: event.to_string(),
+            actor: actor.to_string(),
+            detail,
+        }
+    }
+
+    /// Writes it (once: a replayed commit writes nothing twice).
+    pub async fn insert(&self, tx: &mut WriteTx) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO hub_events (id, project_id, notebook_id, ts_ms, event, actor, detail) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&self.id)
+        .bind(self.project_id.as_ref().map(ProjectId::as_str))
+        .bind(self.notebook_id.as_ref().map(NotebookId::as_str))
+        .bind(self.ts_ms)
+        .bind(&self.event)
+        .bind(&self.actor)
+        .bind(self.detail.to_string())
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+}
+
+impl HubStore {
+    /// Events of a project, newest first, older than the event `before` (ids sort by time).
+    pub async fn project_events(
+        &self,
+        project: &ProjectId,
+        before: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT id, project_id, notebook_id, ts_ms, event, actor, detail FROM hub_events \
+             WHERE project_id = $1 AND id < $2 ORDER BY id DESC LIMIT $3",
+        )
+        .bind(project.as_str())
+        .bind(before.unwrap_or("~"))
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let detail: String = r.try_get("detail")?;
+                Ok(EventRow {
+                    id: r.try_get("id")?,
+                    project_id: parsed_opt(r, "project_id")?,
+                    notebook_id: parsed_opt(r, "notebook_id")?,
+                    ts_ms: r.try_get("ts_ms")?,
+                    event: r.try_get("event")?,
+                    actor: r.try_get("actor")?,
+                    detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .collect()
+    }
+}
