@@ -7,16 +7,20 @@ fn http() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-#[tokio::test]
-async fn openapi_describes_every_route() -> anyhow::Result<()> {
-    let env = TestEnv::new(Backend::SQLITE_FS).await?;
-    let server = env.start()?;
-    let doc: Value = http()
+async fn openapi_of(server: &Server) -> anyhow::Result<Value> {
+    Ok(http()
         .get(format!("{}/openapi.json", server.url))
         .send()
         .await?
         .json()
-        .await?;
+        .await?)
+}
+
+#[tokio::test]
+async fn openapi_describes_every_route() -> anyhow::Result<()> {
+    let env = TestEnv::new(Backend::SQLITE_FS).await?;
+    let server = env.start()?;
+    let doc = openapi_of(&server).await?;
     let paths = doc["paths"].as_object().expect("paths");
     for (path, methods) in [
         ("/v1/cas/nodes/{hash}", &["get"][..]),
@@ -54,6 +58,32 @@ async fn openapi_describes_every_route() -> anyhow::Result<()> {
     }
     assert!(doc["components"]["securitySchemes"]["capability"].is_object());
     Ok(())
+}
+
+/// The published document (`tests/openapi/NAME.json`) against the served one: only additions.
+fn keeps_published_contract(name: &str, served: &Value) -> anyhow::Result<()> {
+    let path = format!("{}/openapi/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let published: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let broken = tests::openapi::breaking_changes(&published, served);
+    assert!(
+        broken.is_empty(),
+        "the served {name} document drops or changes what {path} promised:\n{}",
+        broken.join("\n")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn openapi_documents_keep_what_they_published() -> anyhow::Result<()> {
+    let env = TestEnv::new(Backend::SQLITE_FS).await?;
+    let server = env.start()?;
+    let doc = openapi_of(&server).await?;
+    keeps_published_contract("cas", &doc)?;
+    let hub_env = tests::hub::HubEnv::new(Backend::SQLITE_FS).await?;
+    let hub = hub_env.start()?;
+    let (status, doc) = hub.client(None).get("/api/v1/openapi.json").await?;
+    assert_eq!(status, 200);
+    keeps_published_contract("hub", &doc)
 }
 
 #[tokio::test]

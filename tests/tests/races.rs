@@ -203,17 +203,23 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
                         }
                     }
                     6 => {
-                        let held: Vec<Hash> = model
-                            .lock()
-                            .await
-                            .root
-                            .iter()
-                            .filter(|(_, n)| **n > 0)
-                            .map(|(h, _)| *h)
-                            .collect();
-                        if let Some(h) = held.get(rng.random_range(0..held.len().max(1))).copied() {
-                            // Reserve the decrement in the model first so no other client takes it.
-                            model.lock().await.root.entry(h).and_modify(|n| *n -= 1);
+                        // Choose a held node and reserve its decrement under one lock, so no
+                        // other client can take the same last reference.
+                        let chosen = {
+                            let mut m = model.lock().await;
+                            let held: Vec<Hash> = m
+                                .root
+                                .iter()
+                                .filter(|(_, n)| **n > 0)
+                                .map(|(h, _)| *h)
+                                .collect();
+                            let h = held.get(rng.random_range(0..held.len().max(1))).copied();
+                            if let Some(h) = h {
+                                m.root.entry(h).and_modify(|n| *n -= 1);
+                            }
+                            h
+                        };
+                        if let Some(h) = chosen {
                             let id = format!("drop:{}", counter.fetch_add(1, Ordering::SeqCst));
                             let changes = BTreeMap::from([(h, -1)]);
                             let r = client

@@ -1,0 +1,195 @@
+//! Processes under test: spawning a server and waiting for its announced URL, its output,
+//! killing and terminating it, and measuring memory from `/proc`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::random_id;
+
+/// A server process under test: what it printed on stdout, its stderr in a file of the test's
+/// directory. Killed when dropped.
+pub struct Process {
+    /// The binary's name, for messages.
+    name: &'static str,
+    child: Child,
+    /// The URL it announced on stdout.
+    pub url: String,
+    pub stderr_path: PathBuf,
+    printed: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// A running `unicas-server`.
+pub type Server = Process;
+
+impl Process {
+    /// Starts `cmd serve` with `extra` in its environment and waits up to `timeout` for the
+    /// stdout line `<ready><url>`.
+    pub fn spawn(
+        mut cmd: Command,
+        dir: &Path,
+        name: &'static str,
+        ready: &'static str,
+        timeout: Duration,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<Process> {
+        let stderr_path = dir.join(format!("{}.stderr", random_id(&format!("{name}-"))));
+        let stderr = std::fs::File::create(&stderr_path)?;
+        cmd.arg("serve")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .stdin(Stdio::null());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let printed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = printed.clone();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                if let Some(addr) = line.strip_prefix(ready) {
+                    let _ = tx.send(addr.to_string());
+                }
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(url) => Ok(Process {
+                name,
+                child,
+                url,
+                stderr_path,
+                printed,
+            }),
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                bail!("{name} did not start:\n{log}")
+            }
+        }
+    }
+
+    /// The lines the process printed on stdout so far.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.printed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its peak resident memory so far, in MiB.
+    pub fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        Ok(proc_status_kib(self.pid(), "VmHWM:")? as f64 / 1024.0)
+    }
+
+    /// What the process wrote on stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!(
+            "{} never logged {needle:?}; log:\n{}",
+            self.name,
+            self.log()
+        )
+    }
+
+    /// SIGKILL, now.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait 10 s for a graceful exit; returns whether it exited successfully.
+    pub fn terminate(self) -> anyhow::Result<bool> {
+        self.terminate_within(Duration::from_secs(10))
+    }
+
+    /// SIGTERM, then wait up to `within` for a graceful exit; returns whether it exited
+    /// successfully.
+    pub fn terminate_within(mut self, within: Duration) -> anyhow::Result<bool> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.success());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        bail!("{} did not stop within {within:?} of SIGTERM", self.name)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- {} log ({}) ---\n{}", self.name, self.url, self.log());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A field of `/proc/PID/status`, in KiB (`VmHWM:` the peak resident memory, `VmRSS:` the
+/// current one).
+pub fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Runs `cmd` to completion while sampling its peak resident memory (it only grows, so the last
+/// sample before the exit is the peak up to then); returns its output and the peak in MiB.
+pub fn run_measuring_memory(mut cmd: Command) -> anyhow::Result<(std::process::Output, f64)> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(kib) = proc_status_kib(pid, "VmHWM:") {
+                peak = peak.max(kib);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak
+    });
+    let out = child.wait_with_output();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap_or(0);
+    Ok((out?, peak as f64 / 1024.0))
+}
