@@ -275,9 +275,12 @@ pub fn login_link_page(token: &str) -> ApiResult<Response> {
     let mut response = axum::response::Html(page).into_response();
     let h = response.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // `same-origin`, not `no-referrer`: the link never leaves in a referrer to another site,
+    // and the form's POST keeps its real `Origin` (under `no-referrer` browsers send
+    // `Origin: null`, which the cross-origin guard refuses).
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(
         header::CONTENT_SECURITY_POLICY,
