@@ -17,6 +17,7 @@ use crate::error::{HubError, HubResult};
 use crate::ids::{self, NotebookId, VersionId};
 use crate::lock::LockKey;
 use crate::outbox::{Payload, Pending};
+use crate::store::versions::{SnapshotRef, VersionSnapshots};
 use crate::store::{EventRow, HubStore, NotebookRow, VersionKind, VersionRow};
 use crate::workspace::Committed;
 
@@ -44,6 +45,51 @@ pub struct VersionSpec {
     pub parent: Parent,
     /// Extra string fields of the version node (e.g. `git_commit`, `imported_from`).
     pub extra: BTreeMap<String, String>,
+    /// Rendered artifacts of a session's teardown, attached as leaves of the version node.
+    pub snapshots: Vec<Snapshot>,
+}
+
+/// What a session's teardown renders (seed 000 §4.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// `marimo export html`: the notebook with its outputs (`html_snapshot`).
+    Html,
+    /// marimo's session state file (`session_snapshot`).
+    Session,
+}
+
+/// A snapshot file planned into the commit.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub kind: SnapshotKind,
+    pub file: cas_client::FileRef,
+    pub captured_at_ms: i64,
+}
+
+impl Snapshot {
+    fn field(&self) -> &'static str {
+        match self.kind {
+            SnapshotKind::Html => "html_snapshot",
+            SnapshotKind::Session => "session_snapshot",
+        }
+    }
+}
+
+fn snapshots_of(spec: &VersionSpec) -> VersionSnapshots {
+    let find = |k: SnapshotKind| {
+        spec.snapshots
+            .iter()
+            .find(|s| s.kind == k)
+            .map(|s| SnapshotRef {
+                node: s.file.node,
+                bytes: i64::try_from(s.file.size).unwrap_or(i64::MAX),
+            })
+    };
+    VersionSnapshots {
+        html: find(SnapshotKind::Html),
+        session: find(SnapshotKind::Session),
+        captured_at_ms: spec.snapshots.iter().map(|s| s.captured_at_ms).max(),
+    }
 }
 
 /// The version node of `spec` as revision `revision`.
@@ -76,6 +122,24 @@ fn version_node(
     }
     for (k, v) in &spec.extra {
         fields.push((k.clone(), Value::from(v.as_str())));
+    }
+    for snap in &spec.snapshots {
+        let descriptor: Vec<(String, Value)> = vec![
+            (
+                "captured_at".into(),
+                Value::from(ids::rfc3339(snap.captured_at_ms).as_str()),
+            ),
+            (
+                "size_bytes".into(),
+                Value::from(i64::try_from(snap.file.size).unwrap_or(i64::MAX)),
+            ),
+            ("chunked".into(), Value::Bool(snap.file.chunked)),
+            ("content".into(), Value::Blob(snap.file.node)),
+        ];
+        fields.push((
+            snap.field().into(),
+            Value::Map(descriptor.into_iter().collect()),
+        ));
     }
     svalue_node(&Value::Map(fields.into_iter().collect()))
         .map_err(|e| HubError::internal("cannot encode a version", e))
@@ -136,6 +200,7 @@ impl Hub {
                 kind: spec.kind,
                 file_count: spec.stats.files,
                 logical_bytes: spec.stats.bytes,
+                snapshots: snapshots_of(&spec),
             });
             previous = Some((revision, version_id));
         }

@@ -93,13 +93,15 @@ pub struct HubConfig {
     /// `UNICAS_HUB_PUBLIC_URL`: the origin browsers reach the hub at, when a proxy in front
     /// rewrites `Host` (accepted as the hub's own origin for changes).
     pub public_url: Option<String>,
+    /// Sessions: `UNICAS_HUB_SESSION_*`, `UNICAS_HUB_MARIMO*`, `UNICAS_HUB_EDITOR_MODE`.
+    pub sessions: crate::sessions::config::SessionConfig,
 }
 
-fn env(name: &str) -> Option<String> {
+pub(crate) fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-fn parse<T: std::str::FromStr>(name: &str, slot: &mut T) -> anyhow::Result<()>
+pub(crate) fn parse<T: std::str::FromStr>(name: &str, slot: &mut T) -> anyhow::Result<()>
 where
     T::Err: std::fmt::Display,
 {
@@ -143,6 +145,7 @@ impl HubConfig {
             min_free_bytes: 512 << 20,
             allowed_hosts: String::new(),
             public_url: None,
+            sessions: crate::sessions::config::SessionConfig::default(),
         }
     }
 
@@ -157,6 +160,7 @@ impl HubConfig {
         c.signing_key = env("UNICAS_HUB_SIGNING_KEY").map(PathBuf::from);
         parse("UNICAS_AUDIENCE", &mut c.audience)?;
         c.public_url = env("UNICAS_HUB_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
+        c.sessions = crate::sessions::config::SessionConfig::from_env()?;
         parse("UNICAS_HUB_LISTEN", &mut c.listen)?;
         parse("UNICAS_HUB_USER", &mut c.local_user)?;
         parse("UNICAS_HUB_APP", &mut c.app)?;
@@ -251,6 +255,7 @@ impl HubConfig {
             bail!("UNICAS_HUB_PUBLIC_URL must start with http:// or https://");
         }
         self.host_allow_list()?;
+        self.sessions.validate()?;
         Ok(())
     }
 

@@ -94,6 +94,25 @@ impl HubError {
             ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
         }
     }
+    /// No Python runtime for sessions can be had.
+    pub fn runtime_unavailable(message: impl Into<String>) -> Self {
+        HubError {
+            retry_after: Some(60),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "runtime_unavailable",
+                message,
+            )
+        }
+    }
+    /// A stated limit of live sessions is reached.
+    pub fn too_many_sessions(message: impl Into<String>, limit: u64) -> Self {
+        HubError {
+            retry_after: Some(30),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "session_limit", message)
+        }
+        .with("limit", limit)
+    }
     /// The disk is below its free-space floor; nothing was written.
     pub fn insufficient_storage() -> Self {
         HubError {

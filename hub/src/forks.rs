@@ -46,6 +46,18 @@ pub struct BranchRequest {
     pub title: Option<String>,
 }
 
+/// A branch whose files are planned already.
+pub struct PlannedBranch<'a> {
+    pub user: &'a User,
+    pub project: &'a ProjectId,
+    pub notebook: &'a NotebookId,
+    pub base_revision: i64,
+    pub title: Option<String>,
+    pub message: String,
+    pub plan: Plan,
+    pub changes: Vec<(Vec<String>, cas_client::Change)>,
+}
+
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
 fn truncate_bytes(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
@@ -73,11 +85,7 @@ impl Hub {
             .check_tree(&pid.space(), &v.tree, &cas_client::TreeLimits::default())
             .await
             .map_err(edit_error)?;
-        let entry_notebook = match &src.source {
-            Source::Local { entry_notebook } | Source::Git { entry_notebook, .. } => {
-                entry_notebook.clone()
-            }
-        };
+        let entry_notebook = src.source.entry_notebook().map(str::to_string);
         let entry = Self::new_entry(
             user,
             title,
@@ -96,6 +104,7 @@ impl Hub {
             saved_at_ms: ids::now_ms(),
             parent: Parent::None,
             extra: BTreeMap::from([("forked_from".to_string(), v.version_id.to_string())]),
+            snapshots: Vec::new(),
         };
         let revision = self
             .commit_new(&entry.id, Plan::default(), vec![spec])
@@ -117,29 +126,54 @@ impl Hub {
         nid: &NotebookId,
         req: BranchRequest,
     ) -> HubResult<CreatedNotebook> {
-        let (src, nb) = self.notebook_for(user, pid, nid, Role::Editor).await?;
+        self.notebook_for(user, pid, nid, Role::Editor).await?;
         let message = check_message(req.message.as_deref())?;
-        let base = match self.version(&nb, req.base_revision).await? {
+        let mut plan = Plan::default();
+        let changes = self
+            .plan_changes(&pid.space(), &mut plan, req.files, req.deleted)
+            .await?;
+        self.branch_planned(PlannedBranch {
+            user,
+            project: pid,
+            notebook: nid,
+            base_revision: req.base_revision,
+            title: req.title,
+            message,
+            plan,
+            changes,
+        })
+        .await
+    }
+
+    /// [`Hub::branch_refused_edit`] of changes already planned.
+    pub async fn branch_planned(&self, b: PlannedBranch<'_>) -> HubResult<CreatedNotebook> {
+        let PlannedBranch {
+            user,
+            project: pid,
+            notebook: nid,
+            mut plan,
+            changes,
+            message,
+            ..
+        } = b;
+        let (src, nb) = self.notebook_for(user, pid, nid, Role::Editor).await?;
+        let base = match self.version(&nb, b.base_revision).await? {
             Some(v) if v.state == VersionState::Pruned => return Err(pruned(v.revision)),
             Some(v) => v,
             None => {
                 return Err(HubError::invalid(format!(
                     "base_revision {} does not exist: an edit that diverged from nothing is not a divergence",
-                    req.base_revision
+                    b.base_revision
                 )));
             }
         };
         let space = pid.space();
-        let mut plan = Plan::default();
-        let changes = self
-            .plan_changes(&space, &mut plan, req.files, req.deleted)
-            .await?;
         let (tree, delta) = self
             .cas()?
             .plan_tree_edit(&space, &mut plan, Some(base.tree), changes)
             .await
             .map_err(edit_error)?;
-        let explicit = req.title.as_deref().map(check_title).transpose()?;
+        let explicit = b.title.as_deref().map(check_title).transpose()?;
         let cat = self.catalog().await?;
         let p = cat.project(pid).ok_or_else(|| project_gone(pid))?;
         let title = match explicit {
@@ -167,7 +201,7 @@ impl Hub {
             src.description.clone(),
             src.tags.clone(),
             Source::Local {
-                entry_notebook: None,
+                entry_notebook: src.source.entry_notebook().map(str::to_string),
             },
         );
         self.add_notebook(user, pid, entry.clone(), None, "notebook.branch")
@@ -187,6 +221,7 @@ impl Hub {
                 ("branched_from".to_string(), base.version_id.to_string()),
                 ("branched_from_notebook".to_string(), nid.to_string()),
             ]),
+            snapshots: Vec::new(),
         };
         let revision = self.commit_new(&entry.id, plan, vec![spec]).await?.pop();
         let row = self.store.notebook(&entry.id).await?;

@@ -168,6 +168,11 @@ impl ProjectId {
     }
 }
 
+/// A sandbox: `sb-` and 16 base32 characters.
+pub fn sandbox_id() -> String {
+    format!("sb-{}", random_body())
+}
+
 pub fn snapshot_id() -> String {
     format!("snap-{}", random_body())
 }

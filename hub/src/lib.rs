@@ -24,6 +24,9 @@ pub mod lock;
 pub mod notebooks;
 pub mod outbox;
 pub mod projects;
+pub mod proxy;
+pub mod sandbox;
+pub mod sessions;
 pub mod spool;
 pub mod store;
 pub mod sync;
@@ -69,6 +72,9 @@ pub struct HubState {
     pub spools: spool::Spools,
     /// The hosts the hub answers to.
     pub allowed_hosts: server_kit::web_guard::AllowedHosts,
+    /// The sessions whose sandboxes this process owns.
+    pub sessions: sessions::Sessions,
+    pub(crate) proxy: proxy::ProxyState,
 }
 
 /// A cheap handle to the hub.
@@ -96,7 +102,9 @@ impl Hub {
                 .await
                 .context("cannot connect the lock pool")?,
         };
-        let cas = match cas_url {
+        // Tickets and session cookies are signed with a key every process of the hub derives
+        // from its signing key; a process without a content store serves no sessions.
+        let (cas, proxy_secret) = match cas_url {
             Some(url) => {
                 let app = config
                     .app
@@ -106,15 +114,29 @@ impl Hub {
                     keys::load_or_create(&config.signing_key_path(), config.signing_key.is_none())?;
                 let key = SigningKey::from_pem(&pem, &config.kid, &config.issuer, &config.audience)
                     .map_err(|e| anyhow::anyhow!("the hub's signing key: {e}"))?;
-                Some(
-                    AppCasClient::new(url, app, Arc::new(key))
-                        .map_err(|e| anyhow::anyhow!("{e}"))?
-                        .with_retry(RetryPolicy::default())
-                        .with_cache(64 << 20),
-                )
+                let secret = cas_format::Hash::digest(
+                    [b"unicas-hub session tickets\0".as_slice(), pem.as_bytes()]
+                        .concat()
+                        .as_slice(),
+                );
+                let client = AppCasClient::new(url, app, Arc::new(key))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .with_retry(RetryPolicy::default())
+                    .with_cache(64 << 20);
+                (Some(client), secret.as_bytes().to_vec())
             }
-            None => None,
+            None => (None, rand::random::<[u8; 32]>().to_vec()),
         };
+        let provider = Arc::new(sandbox::local::LocalProvider::new(
+            &config.data_dir,
+            Duration::from_millis(config.sessions.start_timeout_ms),
+        ));
+        let sessions = sessions::Sessions::new(
+            provider,
+            sandbox::runtime::Runtimes::new(&config.sessions, &config.data_dir),
+            config.sessions.internal_url.clone(),
+            format!("http://{}", config.listen),
+        );
         Ok(Hub(Arc::new(HubState {
             spools: spool::Spools::new(&config),
             allowed_hosts: config.host_allow_list()?,
@@ -123,6 +145,8 @@ impl Hub {
             locks: Locks::new(backend),
             cas,
             snapshots: SnapshotCache::new(64 << 20),
+            sessions,
+            proxy: proxy::ProxyState::new(&proxy_secret),
         })))
     }
 
@@ -180,6 +204,8 @@ impl Hub {
         self.resume_purges()
             .await
             .map_err(|e| anyhow::anyhow!("resuming purges failed: {e}"))?;
+        // Sessions a stopped process left on this host: saved, stopped, expired.
+        self.recover_orphans().await;
         Ok(())
     }
 
@@ -209,11 +235,20 @@ pub async fn run_hub(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    hub.sessions.listening_on(listener.local_addr()?);
     let recovery = (hub.config.recovery_interval_ms > 0).then(|| {
         let h = hub.clone();
         let stop = shutdown.child_token();
         tokio::spawn(async move { h.background_recovery(stop).await })
     });
+    let saves = {
+        let (h, stop) = (hub.clone(), shutdown.child_token());
+        tokio::spawn(async move { h.session_saves(stop).await })
+    };
+    let sweeps = {
+        let (h, stop) = (hub.clone(), shutdown.child_token());
+        tokio::spawn(async move { h.session_sweeps(stop).await })
+    };
     let app = api::router(hub.clone());
     let stop = shutdown.clone();
     let result = axum::serve(listener, app)
@@ -223,6 +258,10 @@ pub async fn run_hub(
     if let Some(t) = recovery {
         let _ = t.await;
     }
+    let _ = saves.await;
+    let _ = sweeps.await;
+    // Save and stop every sandbox this process runs before it goes.
+    hub.shutdown_sessions().await;
     hub.close().await;
     result.context("the hub's HTTP server failed")
 }

@@ -313,6 +313,7 @@ impl Hub {
                     saved_at_ms: ids::now_ms(),
                     parent: Parent::None,
                     extra: BTreeMap::new(),
+                    snapshots: Vec::new(),
                 };
                 self.commit_new(&id, plan, vec![spec]).await?.pop()
             }

@@ -177,6 +177,7 @@ impl Hub {
                     saved_at_ms: ids::now_ms(),
                     parent: nb.head_revision.map_or(Parent::None, Parent::Revision),
                     extra,
+                    snapshots: Vec::new(),
                 };
                 self.commit_versions(&nb, cas_client::Plan::default(), vec![spec], true)
                     .await

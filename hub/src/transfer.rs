@@ -249,6 +249,7 @@ fn parse_version(
             saved_at_ms,
             parent: Parent::None,
             extra,
+            snapshots: Vec::new(),
         },
     ))
 }

@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use crate::Hub;
 use crate::error::{HubError, HubResult};
 use crate::ids::{self, NotebookId, ProjectId, VersionId};
+use crate::store::versions::SnapshotRef;
 use crate::store::{NotebookRow, NotebookState, StoredVersion, VersionKind, VersionState};
 use crate::workspace::parse_path;
 
@@ -37,6 +38,19 @@ pub struct VersionView {
     /// The workspace tree node.
     #[schema(value_type = String)]
     pub tree: cas_format::Hash,
+    /// The rendered notebook a session's teardown attached (`GET …/versions/{vid}/html`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub html_snapshot: Option<SnapshotView>,
+    /// marimo's session state a session's teardown attached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_snapshot: Option<SnapshotView>,
+}
+
+/// A snapshot of a version: when it was captured and its size, never where it is stored.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SnapshotView {
+    pub captured_at: String,
+    pub size_bytes: i64,
 }
 
 impl VersionView {
@@ -57,8 +71,17 @@ impl VersionView {
             state: v.state,
             hash: r.version_hash,
             tree: r.tree_hash,
+            html_snapshot: snapshot_view(r.snapshots.html, r.snapshots.captured_at_ms),
+            session_snapshot: snapshot_view(r.snapshots.session, r.snapshots.captured_at_ms),
         }
     }
+}
+
+fn snapshot_view(s: Option<SnapshotRef>, at_ms: Option<i64>) -> Option<SnapshotView> {
+    s.map(|s| SnapshotView {
+        captured_at: ids::rfc3339(at_ms.unwrap_or(0)),
+        size_bytes: s.bytes,
+    })
 }
 
 pub(crate) fn pruned(revision: i64) -> HubError {

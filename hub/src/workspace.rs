@@ -71,6 +71,19 @@ pub struct SaveRequest {
     pub deleted: Vec<String>,
 }
 
+/// A save whose files are planned already.
+pub struct PlannedSave<'a> {
+    pub project: &'a ProjectId,
+    pub notebook: &'a NotebookId,
+    pub actor: &'a str,
+    pub expected_revision: Option<i64>,
+    pub message: String,
+    pub plan: Plan,
+    pub changes: Vec<(Vec<String>, Change)>,
+    pub kind: VersionKind,
+    pub snapshots: Vec<crate::commit::Snapshot>,
+}
+
 /// What a commit produced.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Committed {
@@ -274,10 +287,30 @@ impl Hub {
         let changes = self
             .plan_changes(&space, &mut plan, req.files, req.deleted)
             .await?;
-        self.with_notebook_lock(notebook, async || {
-            let nb = self.live_notebook(project, notebook).await?;
-            if req.expected_revision != nb.head_revision {
-                return Err(conflict(req.expected_revision, nb.head_revision));
+        self.save_planned(PlannedSave {
+            project,
+            notebook,
+            actor,
+            expected_revision: req.expected_revision,
+            message,
+            plan,
+            changes,
+            kind,
+            snapshots: Vec::new(),
+        })
+        .await
+    }
+
+    /// [`Hub::save`] of changes already planned.
+    pub async fn save_planned(&self, s: PlannedSave<'_>) -> HubResult<Committed> {
+        let space = s.project.space();
+        let PlannedSave {
+            mut plan, changes, ..
+        } = s;
+        self.with_notebook_lock(s.notebook, async || {
+            let nb = self.live_notebook(s.project, s.notebook).await?;
+            if s.expected_revision != nb.head_revision {
+                return Err(conflict(s.expected_revision, nb.head_revision));
             }
             let (base_tree, base_stats) = match nb.head_revision {
                 Some(rev) => {
@@ -294,7 +327,7 @@ impl Hub {
             };
             let (tree, delta) = self
                 .cas()?
-                .plan_tree_edit(&space, &mut plan, base_tree, changes)
+                .plan_tree_edit(&space, &mut plan, base_tree, changes.clone())
                 .await
                 .map_err(edit_error)?;
             let spec = VersionSpec {
@@ -303,14 +336,17 @@ impl Hub {
                     files: base_stats.files.saturating_add(delta.files),
                     bytes: base_stats.bytes.saturating_add(delta.bytes),
                 },
-                author: actor.to_string(),
-                message,
-                kind,
+                author: s.actor.to_string(),
+                message: s.message.clone(),
+                kind: s.kind,
                 saved_at_ms: ids::now_ms(),
                 parent: nb.head_revision.map_or(Parent::None, Parent::Revision),
                 extra: BTreeMap::new(),
+                snapshots: s.snapshots.clone(),
             };
-            let mut done = self.commit_versions(&nb, plan, vec![spec], true).await?;
+            let mut done = self
+                .commit_versions(&nb, plan.clone(), vec![spec], true)
+                .await?;
             Ok(done.remove(0))
         })
         .await
@@ -348,6 +384,7 @@ impl Hub {
                 saved_at_ms: ids::now_ms(),
                 parent: nb.head_revision.map_or(Parent::None, Parent::Revision),
                 extra: BTreeMap::from([("restored_from".to_string(), v.version_id.to_string())]),
+                snapshots: Vec::new(),
             };
             let mut done = self
                 .commit_versions(&nb, Plan::default(), vec![spec], true)

@@ -23,6 +23,7 @@ pub mod hub;
 pub mod oidc_mock;
 pub mod openapi;
 mod process;
+pub mod sessions;
 
 pub use process::{Process, Server, proc_status_kib, run_measuring_memory};
 

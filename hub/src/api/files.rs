@@ -35,6 +35,66 @@ pub fn content_type_of(path: &str) -> &'static str {
     }
 }
 
+/// A stored file: by its tree entry, or by its node alone (its layout is read first).
+pub enum Stored {
+    Ref(cas_client::files::FileRef),
+    Node(cas_format::Hash),
+}
+
+/// A body that streams a stored file of `size` bytes.
+fn streamed(hub: &Hub, pid: &ProjectId, file: Stored, size: u64) -> HubResult<Response> {
+    let space = pid.space();
+    let (mut writer, reader) = tokio::io::duplex(256 << 10);
+    let cas = hub.cas()?.clone();
+    tokio::spawn(async move {
+        let done = match file {
+            Stored::Ref(f) => cas.read_file_ref(&space, &f, &mut writer).await,
+            Stored::Node(n) => cas.read_file(&space, &n, &mut writer).await,
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "streaming a file failed");
+        }
+    });
+    let mut r = Body::from_stream(ReaderStream::with_capacity(reader, 256 << 10)).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    Ok(r)
+}
+
+/// Streams a version's HTML snapshot: rendered notebook output is the users' data, so it runs
+/// in a sandbox with an opaque origin (scripts may run, to render it; nothing of the hub's
+/// origin is reachable from it), immutable like the version.
+pub fn stream_snapshot(
+    hub: &Hub,
+    pid: &ProjectId,
+    node: cas_format::Hash,
+    size: u64,
+) -> HubResult<Response> {
+    let mut resp = streamed(hub, pid, Stored::Node(node), size)?;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, max-age=31536000, immutable"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox allow-scripts allow-popups"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    Ok(resp)
+}
+
 /// Streams the file at `path` of version `v`. A URL that names a revision or version is
 /// immutable; the head (`immutable` false) is revalidated with its ETag. Files are the users'
 /// data: never sniffed, always sandboxed, and active types (HTML, SVG, scripts, XML) are
@@ -56,19 +116,7 @@ pub async fn stream_file(
     let mut resp = if matches {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        let space = pid.space();
-        let (mut writer, reader) = tokio::io::duplex(256 << 10);
-        let cas = hub.cas()?.clone();
-        tokio::spawn(async move {
-            if let Err(e) = cas.read_file_ref(&space, &file, &mut writer).await {
-                tracing::warn!(error = %e, "streaming a file failed");
-            }
-        });
-        let mut r =
-            Body::from_stream(ReaderStream::with_capacity(reader, 256 << 10)).into_response();
-        r.headers_mut()
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(file.size));
-        r
+        streamed(hub, pid, Stored::Ref(file), file.size)?
     };
     let content_type = content_type_of(path);
     let h = resp.headers_mut();

@@ -21,6 +21,7 @@ pub mod extract;
 pub mod files;
 pub mod notebooks;
 pub mod projects;
+pub mod sessions;
 pub mod storage;
 pub mod sync;
 pub mod system;
@@ -44,6 +45,7 @@ mod tests;
         (name = "catalog", description = "The whole project and notebook index in one read"),
         (name = "projects", description = "Projects, members, events, storage, trash"),
         (name = "notebooks", description = "Notebooks, workspaces, versions, forks, export and import"),
+        (name = "sessions", description = "Notebooks opened in marimo, the persistent editor, and its takeover"),
         (name = "sync", description = "Push sync from an external workflow"),
         (name = "auth", description = "The caller and personal access tokens"),
         (name = "system", description = "Health"),
@@ -120,6 +122,13 @@ pub fn router(hub: Hub) -> Router {
         .routes(routes!(notebooks::branch))
         .routes(routes!(transfer::export))
         .routes(routes!(notebooks::rotate_sync_token))
+        .routes(routes!(sessions::list_sessions))
+        .routes(routes!(sessions::create_session))
+        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(sessions::heartbeat))
+        .routes(routes!(sessions::editor_session))
+        .routes(routes!(sessions::takeover))
+        .routes(routes!(sessions::version_html))
         .routes(routes!(system::healthz))
         .routes(routes!(system::readyz))
         .layer(DefaultBodyLimit::max(json_limit))
@@ -143,8 +152,13 @@ pub fn router(hub: Hub) -> Router {
         .route("/api/v1/doc", get(openapi))
         .route("/api/v1/openapi.json", get(openapi))
         .with_state(doc);
+    // Sessions are served under `/s/{sid}/`, not under the API, and stream both ways.
+    let session_proxy = Router::new()
+        .route("/s/{*rest}", axum::routing::any(crate::proxy::proxy))
+        .layer(DefaultBodyLimit::disable());
     json_routes
         .merge(stream_routes)
+        .merge(session_proxy)
         .fallback(|| async { HubError::not_found("no such route") })
         .with_state(hub.clone())
         .merge(docs)

@@ -71,6 +71,17 @@ pub enum Source {
     },
 }
 
+impl Source {
+    /// The notebook file the workspace opens with, if the source names one.
+    pub fn entry_notebook(&self) -> Option<&str> {
+        match self {
+            Source::Local { entry_notebook } | Source::Git { entry_notebook, .. } => {
+                entry_notebook.as_deref()
+            }
+        }
+    }
+}
+
 /// A notebook's status in the catalog: `draft`, `active`, `archived`, or `deleted` (in the
 /// trash, where it keeps the status it had, to get it back on restore).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

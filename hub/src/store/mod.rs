@@ -10,11 +10,52 @@ use server_kit::sql::{PoolOptions, SqlPool};
 
 use crate::config::HubConfig;
 
+/// An enum stored as a text column: `as_str` and `parse` in the column's words, which are also
+/// its JSON and OpenAPI spelling, and `ALL` for tests.
+macro_rules! column_enum {
+    ($(#[$doc:meta])* pub enum $name:ident {
+        $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)?
+    }) => {
+        $(#[$doc])*
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash,
+            serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+        )]
+        pub enum $name {
+            $($(#[$vdoc])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<$name> {
+                match s {
+                    $($text => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl $crate::store::ColumnEnum for $name {
+            fn from_column(s: &str) -> Option<Self> {
+                $name::parse(s)
+            }
+        }
+    };
+}
+
 pub mod catalog;
 pub mod events;
 pub mod locks;
 pub mod notebooks;
 pub mod outbox;
+pub mod sessions;
 pub mod users;
 pub mod versions;
 
@@ -92,6 +133,18 @@ fn decode_err(col: &str, value: impl std::fmt::Display) -> sqlx::Error {
         index: col.to_string(),
         source: format!("unexpected value {value}").into(),
     }
+}
+
+/// What [`column_enum!`] implements: reading the enum back from its column.
+pub trait ColumnEnum: Sized {
+    fn from_column(s: &str) -> Option<Self>;
+}
+
+/// Reads a text column as one of the [`column_enum!`] enums.
+fn enum_col<T: ColumnEnum>(row: &sqlx::any::AnyRow, col: &str) -> Result<T, sqlx::Error> {
+    use sqlx::Row;
+    let s: String = row.try_get(col)?;
+    T::from_column(&s).ok_or_else(|| decode_err(col, format!("{s:?}")))
 }
 
 /// Reads a text column as one of our parsed types (ids, hashes).

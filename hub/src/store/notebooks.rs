@@ -2,39 +2,22 @@
 
 use sqlx::Row;
 
-use super::{HubStore, WriteTx, decode_err, parsed};
+use super::{HubStore, WriteTx, enum_col, parsed};
 use crate::ids::{NotebookId, ProjectId};
 
-/// Where a notebook's row stands. A notebook is created `Live`, goes to the trash (`Trashed`),
-/// and from there back to `Live` or on to `Purging` (its roots being released) and `Purged`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotebookState {
-    Live,
-    Trashed,
-    Purging,
-    Purged,
+column_enum! {
+    /// Where a notebook's row stands. A notebook is created `Live`, goes to the trash
+    /// (`Trashed`), and from there back to `Live` or on to `Purging` (its roots being released)
+    /// and `Purged`.
+    pub enum NotebookState {
+        Live = "live",
+        Trashed = "trashed",
+        Purging = "purging",
+        Purged = "purged",
+    }
 }
 
 impl NotebookState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotebookState::Live => "live",
-            NotebookState::Trashed => "trashed",
-            NotebookState::Purging => "purging",
-            NotebookState::Purged => "purged",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<NotebookState> {
-        Some(match s {
-            "live" => NotebookState::Live,
-            "trashed" => NotebookState::Trashed,
-            "purging" => NotebookState::Purging,
-            "purged" => NotebookState::Purged,
-            _ => return None,
-        })
-    }
-
     /// Whether a notebook in this state may move to `next`.
     pub fn may_become(self, next: NotebookState) -> bool {
         use NotebookState::*;
@@ -70,11 +53,6 @@ pub struct TrashRow {
     pub actor: String,
 }
 
-fn state_col(row: &sqlx::any::AnyRow) -> Result<NotebookState, sqlx::Error> {
-    let s: String = row.try_get("state")?;
-    NotebookState::parse(&s).ok_or_else(|| decode_err("state", &s))
-}
-
 impl HubStore {
     pub async fn notebook(&self, id: &NotebookId) -> Result<Option<NotebookRow>, sqlx::Error> {
         let row = sqlx::query(
@@ -88,7 +66,7 @@ impl HubStore {
             Ok(NotebookRow {
                 notebook_id: parsed(&r, "notebook_id")?,
                 project_id: parsed(&r, "project_id")?,
-                state: state_col(&r)?,
+                state: enum_col(&r, "state")?,
                 head_revision: r.try_get("head_revision")?,
                 max_revision: r.try_get("max_revision")?,
                 sync_token_hash: r.try_get("sync_token_hash")?,

@@ -5,71 +5,27 @@ use cas_format::Hash;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
-use super::{HubStore, WriteTx, decode_err, parsed};
+use super::{HubStore, WriteTx, enum_col, parsed, parsed_opt};
 use crate::ids::{NotebookId, ProjectId, VersionId};
 
-/// How a version was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum VersionKind {
-    Save,
-    Sync,
-    Restore,
-    Fork,
-    Branch,
-    Import,
-    Session,
-}
-
-impl VersionKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VersionKind::Save => "save",
-            VersionKind::Sync => "sync",
-            VersionKind::Restore => "restore",
-            VersionKind::Fork => "fork",
-            VersionKind::Branch => "branch",
-            VersionKind::Import => "import",
-            VersionKind::Session => "session",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<VersionKind> {
-        Some(match s {
-            "save" => VersionKind::Save,
-            "sync" => VersionKind::Sync,
-            "restore" => VersionKind::Restore,
-            "fork" => VersionKind::Fork,
-            "branch" => VersionKind::Branch,
-            "import" => VersionKind::Import,
-            "session" => VersionKind::Session,
-            _ => return None,
-        })
+column_enum! {
+    /// How a version was made.
+    pub enum VersionKind {
+        Save = "save",
+        Sync = "sync",
+        Restore = "restore",
+        Fork = "fork",
+        Branch = "branch",
+        Import = "import",
+        Session = "session",
     }
 }
 
-/// Whether a version still loads (`Kept`) or was released by retention (`Pruned`, for good).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum VersionState {
-    Kept,
-    Pruned,
-}
-
-impl VersionState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VersionState::Kept => "kept",
-            VersionState::Pruned => "pruned",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<VersionState> {
-        match s {
-            "kept" => Some(VersionState::Kept),
-            "pruned" => Some(VersionState::Pruned),
-            _ => None,
-        }
+column_enum! {
+    /// Whether a version still loads (`Kept`) or was released by retention (`Pruned`, for good).
+    pub enum VersionState {
+        Kept = "kept",
+        Pruned = "pruned",
     }
 }
 
@@ -89,6 +45,24 @@ pub struct VersionRow {
     pub kind: VersionKind,
     pub file_count: i64,
     pub logical_bytes: i64,
+    /// What a session's teardown attached (seed 000 §4.7).
+    #[serde(default)]
+    pub snapshots: VersionSnapshots,
+}
+
+/// A snapshot file of a version: its node and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRef {
+    pub node: Hash,
+    pub bytes: i64,
+}
+
+/// The snapshots of a version, if it has any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSnapshots {
+    pub html: Option<SnapshotRef>,
+    pub session: Option<SnapshotRef>,
+    pub captured_at_ms: Option<i64>,
 }
 
 /// An indexed version and its state.
@@ -99,11 +73,20 @@ pub struct StoredVersion {
 }
 
 const VERSION_COLUMNS: &str = "notebook_id, revision, version_id, project_id, version_hash, \
-     tree_hash, parent_revision, saved_at_ms, author, message, kind, file_count, logical_bytes, state";
+     tree_hash, parent_revision, saved_at_ms, author, message, kind, file_count, logical_bytes, state, \
+     html_snapshot_hash, html_snapshot_bytes, session_snapshot_hash, session_snapshot_bytes, \
+     snapshots_at_ms";
+
+fn snapshot_col(r: &sqlx::any::AnyRow, name: &str) -> Result<Option<SnapshotRef>, sqlx::Error> {
+    let node: Option<Hash> = parsed_opt(r, &format!("{name}_snapshot_hash"))?;
+    let bytes: Option<i64> = r.try_get(format!("{name}_snapshot_bytes").as_str())?;
+    Ok(node.map(|node| SnapshotRef {
+        node,
+        bytes: bytes.unwrap_or(0),
+    }))
+}
 
 fn stored(r: &sqlx::any::AnyRow) -> Result<StoredVersion, sqlx::Error> {
-    let kind: String = r.try_get("kind")?;
-    let state: String = r.try_get("state")?;
     Ok(StoredVersion {
         row: VersionRow {
             notebook_id: parsed(r, "notebook_id")?,
@@ -116,11 +99,16 @@ fn stored(r: &sqlx::any::AnyRow) -> Result<StoredVersion, sqlx::Error> {
             saved_at_ms: r.try_get("saved_at_ms")?,
             author: r.try_get("author")?,
             message: r.try_get("message")?,
-            kind: VersionKind::parse(&kind).ok_or_else(|| decode_err("kind", &kind))?,
+            kind: enum_col(r, "kind")?,
             file_count: r.try_get("file_count")?,
             logical_bytes: r.try_get("logical_bytes")?,
+            snapshots: VersionSnapshots {
+                html: snapshot_col(r, "html")?,
+                session: snapshot_col(r, "session")?,
+                captured_at_ms: r.try_get("snapshots_at_ms")?,
+            },
         },
-        state: VersionState::parse(&state).ok_or_else(|| decode_err("state", &state))?,
+        state: enum_col(r, "state")?,
     })
 }
 
@@ -208,8 +196,10 @@ impl HubStore {
         for r in rows {
             sqlx::query(
                 "INSERT INTO hub_versions (notebook_id, revision, version_id, project_id, version_hash, \
-                 tree_hash, parent_revision, saved_at_ms, author, message, kind, file_count, logical_bytes, state) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+                 tree_hash, parent_revision, saved_at_ms, author, message, kind, file_count, logical_bytes, state, \
+                 html_snapshot_hash, html_snapshot_bytes, session_snapshot_hash, session_snapshot_bytes, \
+                 snapshots_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
                  ON CONFLICT (notebook_id, revision) DO NOTHING",
             )
             .bind(r.notebook_id.as_str())
@@ -226,6 +216,11 @@ impl HubStore {
             .bind(r.file_count)
             .bind(r.logical_bytes)
             .bind(VersionState::Kept.as_str())
+            .bind(r.snapshots.html.map(|s| s.node.to_string()))
+            .bind(r.snapshots.html.map(|s| s.bytes))
+            .bind(r.snapshots.session.map(|s| s.node.to_string()))
+            .bind(r.snapshots.session.map(|s| s.bytes))
+            .bind(r.snapshots.captured_at_ms)
             .execute(tx.conn())
             .await?;
         }
