@@ -130,6 +130,8 @@ impl Hub {
         let provider = Arc::new(sandbox::local::LocalProvider::new(
             &config.data_dir,
             Duration::from_millis(config.sessions.start_timeout_ms),
+            // Five minutes past the hub's own idle timeout, so it never ends a session first.
+            Duration::from_secs(config.sessions.idle_timeout_s + 300),
         ));
         let sessions = sessions::Sessions::new(
             provider,
@@ -251,7 +253,7 @@ pub async fn run_hub(
     };
     let app = api::router(hub.clone());
     let stop = shutdown.clone();
-    let result = axum::serve(listener, app)
+    let result = axum::serve(server_kit::runtime::nodelay(listener), app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
     shutdown.cancel();

@@ -44,6 +44,26 @@ macro_rules! hub_e2e {
     )*};
 }
 
+/// Runs async scenarios on one backend, one test each: `hub_e2e_on!(sqlite_fs => SQLITE_FS:
+/// name, …)` expects `async fn name(b: Backend) -> anyhow::Result<()>` in scope.
+#[macro_export]
+macro_rules! hub_e2e_on {
+    ($test:ident => $backend:ident: $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn $test() {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(4)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(super::$name($crate::Backend::$backend))
+                    .unwrap();
+            }
+        }
+    )*};
+}
+
 /// A hub with the user alice, her client and her project "P": `(env, server, client, pid,
 /// token)`, bound in that order so the server stops before its data directory goes.
 pub async fn alice_with_project(
@@ -235,6 +255,23 @@ impl Drop for HubEnv {
     fn drop(&mut self) {
         if let Some(name) = self.hub_db.take() {
             drop_database(name);
+        }
+        kill_processes_under(self.env.dir.path());
+    }
+}
+
+/// Kills what still runs in `dir` (sandboxes a test left behind by killing its hub), so a
+/// test run leaves no process.
+fn kill_processes_under(dir: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if std::fs::read_link(p.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }
 }

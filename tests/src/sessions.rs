@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::Backend;
-use crate::hub::{HubClient, HubEnv};
+use crate::hub::{HubClient, HubEnv, HubServer};
 
 /// A notebook whose one cell shows `40 + 2`.
 pub const NOTEBOOK: &str = "import marimo\n\napp = marimo.App()\n\n\n@app.cell\ndef _():\n    x = 40 + 2\n    x\n    return (x,)\n\n\nif __name__ == \"__main__\":\n    app.run()\n";
@@ -98,6 +98,69 @@ where
     }
 }
 
+/// A hub of `env` with the user alice and her notebook "N" (holding [`NOTEBOOK`]) in project
+/// "P": `(token, server, client, pid, nid)`.
+pub async fn alice_notebook(
+    env: &HubEnv,
+) -> anyhow::Result<(String, HubServer, HubClient, String, String)> {
+    let token = env.user("alice")?;
+    let server = env.start()?;
+    let a = server.client(Some(&token));
+    let pid = a.project("P").await?;
+    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
+    Ok((token, server, a, pid, nid))
+}
+
+/// Gives `user` a `role` on the project.
+pub async fn add_member(c: &HubClient, pid: &str, user: &str, role: &str) -> anyhow::Result<()> {
+    let (s, v) = c
+        .put(
+            &format!("/api/v1/projects/{pid}/members"),
+            &json!({"user_id": user, "role": role}),
+        )
+        .await?;
+    if s != StatusCode::OK {
+        bail!("adding {user} as {role}: {s} {v}");
+    }
+    Ok(())
+}
+
+/// Creates a session (202) and waits until it runs; its id.
+pub async fn started(c: &HubClient, pid: &str, nid: &str, mode: &str) -> anyhow::Result<String> {
+    let (s, v) = create(c, pid, nid, mode).await?;
+    if s != StatusCode::ACCEPTED {
+        bail!("creating a session: {s} {v}");
+    }
+    let sid = v["data"]["session_id"]
+        .as_str()
+        .context("no session id")?
+        .to_string();
+    wait_status(c, pid, nid, &sid, "running", Duration::from_secs(90)).await?;
+    Ok(sid)
+}
+
+/// The text of a file at the workspace's head.
+pub async fn head_file(c: &HubClient, pid: &str, nid: &str, path: &str) -> anyhow::Result<String> {
+    let (s, body) = c
+        .get_bytes(&format!(
+            "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/{path}"
+        ))
+        .await?;
+    if s != StatusCode::OK {
+        bail!("reading {path}: {s}");
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Opens the session's editor as `token`'s user and saves the notebook with `40 + n`.
+pub async fn edit_sum(base: &str, sid: &str, token: &str, n: u32) -> anyhow::Result<()> {
+    let bearer = format!("Bearer {token}");
+    let editor = Editor::open(base, sid, &[("authorization", &bearer)]).await?;
+    editor
+        .save(&with_sum(&editor.codes(), n), "notebook.py")
+        .await
+}
+
 /// The API path of a session.
 pub fn session_path(pid: &str, nid: &str, sid: &str) -> String {
     format!("/api/v1/projects/{pid}/notebooks/{nid}/sessions/{sid}")
@@ -135,6 +198,10 @@ pub async fn wait_status(
         }
         if v["data"]["status"] == status {
             return Ok(v["data"].clone());
+        }
+        if ["terminated", "failed", "expired"].contains(&v["data"]["status"].as_str().unwrap_or(""))
+        {
+            bail!("session {sid} ended before it was {status}: {}", v["data"]);
         }
         if Instant::now() > deadline {
             bail!(

@@ -61,8 +61,13 @@ async fn readme_curl_walkthrough_works_as_written() -> anyhow::Result<()> {
 async fn readme_hub_walkthrough_works_as_written() -> anyhow::Result<()> {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
-    let script = block(&readme, "<!-- hub-quickstart");
-    let mut env = tests::hub::HubEnv::new(Backend::SQLITE_FS).await?;
+    // The sessions block continues the walkthrough (same shell, same notebook).
+    let script = format!(
+        "{}\n{}",
+        block(&readme, "<!-- hub-quickstart"),
+        block(&readme, "<!-- hub-sessions")
+    );
+    let mut env = tests::sessions::session_env(Backend::SQLITE_FS).await?;
     env.set("UNICAS_HUB_AUTH", "none");
     let hub = env.start()?;
     let out = Command::new("bash")
@@ -83,6 +88,7 @@ async fn readme_hub_walkthrough_works_as_written() -> anyhow::Result<()> {
         "print(1)",
         "\"readyStoredBytes\"",
         "\"logicalBytes\":18",
+        "200\nterminated",
     ] {
         assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
     }

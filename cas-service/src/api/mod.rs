@@ -247,14 +247,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Without TCP_NODELAY a small answer written in two parts waits for a delayed ACK (about
-    // 40 ms): ruinous for clients that fetch many small nodes one after another.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
+    let listener = server_kit::runtime::nodelay(listener);
     axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),

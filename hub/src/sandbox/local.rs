@@ -44,15 +44,19 @@ struct Held(#[allow(dead_code)] File);
 pub struct LocalProvider {
     root: PathBuf,
     start_timeout: Duration,
+    /// marimo shuts itself down after this long without a connected editor: a backstop for a
+    /// sandbox whose hub died and was never started again.
+    idle_shutdown: Duration,
     /// Children this process started that have exited (reaped by their waiter).
     exited: Arc<Mutex<HashSet<i32>>>,
 }
 
 impl LocalProvider {
-    pub fn new(data_dir: &Path, start_timeout: Duration) -> Self {
+    pub fn new(data_dir: &Path, start_timeout: Duration, idle_shutdown: Duration) -> Self {
         LocalProvider {
             root: data_dir.join("sessions"),
             start_timeout,
+            idle_shutdown,
             exited: Arc::new(Mutex::new(HashSet::new())),
         }
     }
@@ -170,7 +174,10 @@ impl LocalProvider {
             .arg(&spec.base_url)
             .arg("--no-sandbox");
         if spec.mode == SessionMode::Edit {
-            cmd.arg("--skip-update-check");
+            // `marimo run` has neither.
+            cmd.arg("--skip-update-check")
+                .arg("--timeout")
+                .arg(format!("{:.2}", self.idle_shutdown.as_secs_f64() / 60.0));
         }
         super::runtime::sandbox_env(&mut cmd, &dir.join("home"));
         cmd.current_dir(dir.join("files"))

@@ -146,6 +146,31 @@ fn list(first: usize, n: usize) -> String {
         .join(", ")
 }
 
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// Binds `statuses` in order (for an `IN` list made by [`list`]).
+fn bind_statuses<'q>(mut q: AnyQuery<'q>, statuses: &[SessionStatus]) -> AnyQuery<'q> {
+    for s in statuses {
+        q = q.bind(s.as_str());
+    }
+    q
+}
+
+async fn session_by_id<'e, E>(e: E, id: &SessionId) -> Result<Option<SessionRow>, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {SESSION_COLUMNS} FROM hub_sessions WHERE session_id = $1"
+    )))
+    .bind(id.as_str())
+    .fetch_optional(e)
+    .await?
+    .as_ref()
+    .map(session_row)
+    .transpose()
+}
+
 /// The persistent editor of a notebook.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimRow {
@@ -228,15 +253,7 @@ impl HubStore {
     }
 
     pub async fn session(&self, id: &SessionId) -> Result<Option<SessionRow>, sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {SESSION_COLUMNS} FROM hub_sessions WHERE session_id = $1"
-        )))
-        .bind(id.as_str())
-        .fetch_optional(self.pool())
-        .await?
-        .as_ref()
-        .map(session_row)
-        .transpose()
+        session_by_id(self.pool(), id).await
     }
 
     /// A session, read in a write transaction.
@@ -244,15 +261,7 @@ impl HubStore {
         tx: &mut WriteTx,
         id: &SessionId,
     ) -> Result<Option<SessionRow>, sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {SESSION_COLUMNS} FROM hub_sessions WHERE session_id = $1"
-        )))
-        .bind(id.as_str())
-        .fetch_optional(tx.conn())
-        .await?
-        .as_ref()
-        .map(session_row)
-        .transpose()
+        session_by_id(tx.conn(), id).await
     }
 
     /// Sessions of `project` in one of `statuses`, by id after `after`.
@@ -271,9 +280,7 @@ impl HubStore {
         .bind(project.as_str())
         .bind(after.map_or("", SessionId::as_str))
         .bind(i64::from(limit));
-        for s in statuses {
-            q = q.bind(s.as_str());
-        }
+        q = bind_statuses(q, statuses);
         q.fetch_all(self.pool())
             .await?
             .iter()
@@ -293,9 +300,7 @@ impl HubStore {
             list(2, statuses.len())
         )))
         .bind(i64::from(limit));
-        for s in statuses {
-            q = q.bind(s.as_str());
-        }
+        q = bind_statuses(q, statuses);
         q.fetch_all(self.pool())
             .await?
             .iter()
@@ -363,9 +368,7 @@ impl HubStore {
         .bind(now_ms)
         .bind(error.map(|e| e.0))
         .bind(error.map(|e| e.1));
-        for s in &from {
-            q = q.bind(s.as_str());
-        }
+        q = bind_statuses(q, &from);
         Ok(q.execute(tx.conn()).await?.rows_affected() == 1)
     }
 

@@ -2,33 +2,17 @@
 //! the cookie it sets), shared editors; nobody else, and nothing of the caller's credentials
 //! reaches marimo.
 
-use std::time::Duration;
-
 use tests::hub::data;
 use tests::sessions::*;
 use tests::*;
 
 async fn only_the_sessions_user_gets_through(b: Backend) -> anyhow::Result<()> {
     let env = session_env(b).await?;
-    let alice = env.user("alice")?;
     let bob = env.user("bob")?;
-    let server = env.start()?;
-    let a = server.client(Some(&alice));
-    let pid = a.project("P").await?;
-    data(
-        &a.put(
-            &format!("/api/v1/projects/{pid}/members"),
-            &serde_json::json!({"user_id": "bob", "role": "editor"}),
-        )
-        .await?,
-        200,
-    );
-    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
-    let sid = data(&create(&a, &pid, &nid, "app").await?, 202)["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let s = wait_status(&a, &pid, &nid, &sid, "running", Duration::from_secs(90)).await?;
+    let (alice, server, a, pid, nid) = alice_notebook(&env).await?;
+    add_member(&a, &pid, "bob", "editor").await?;
+    let sid = started(&a, &pid, &nid, "app").await?;
+    let s = data(&a.get(&session_path(&pid, &nid, &sid)).await?, 200);
     let page = format!("{}/s/{sid}/", server.url);
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -94,11 +78,7 @@ async fn only_the_sessions_user_gets_through(b: Backend) -> anyhow::Result<()> {
     let tampered = format!("{}{}x", server.url, open);
     assert_eq!(http.get(tampered).send().await?.status(), 401);
     // The cookie of this session opens no other.
-    let other = data(&create(&a, &pid, &nid, "edit").await?, 202)["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    wait_status(&a, &pid, &nid, &other, "running", Duration::from_secs(90)).await?;
+    let other = started(&a, &pid, &nid, "edit").await?;
     let cross = http
         .get(format!("{}/s/{other}/", server.url))
         .header("cookie", &pair)

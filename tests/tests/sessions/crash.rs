@@ -4,67 +4,44 @@
 
 use std::time::Duration;
 
-use tests::hub::data;
+use tests::hub::{HubClient, HubEnv, HubServer, data};
 use tests::sessions::*;
 use tests::*;
 
-const START: Duration = Duration::from_secs(90);
-
-/// Starts a session of alice on a new notebook and saves `40 + n` through marimo:
-/// `(token, pid, nid, sid, port)`.
+/// A running session of alice with `40 + n` saved through marimo: `(client, pid, nid, sid,
+/// port)`.
 async fn edited_session(
-    env: &tests::hub::HubEnv,
-    server: &tests::hub::HubServer,
+    env: &HubEnv,
+    server: &HubServer,
     token: &str,
+    a: HubClient,
+    (pid, nid): (String, String),
     n: u32,
-) -> anyhow::Result<(String, String, String, u16)> {
-    let a = server.client(Some(token));
-    let pid = a.project(&format!("P{n}")).await?;
-    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
-    let sid = data(&create(&a, &pid, &nid, "edit").await?, 202)["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    wait_status(&a, &pid, &nid, &sid, "running", START).await?;
-    let bearer = format!("Bearer {token}");
-    let editor = Editor::open(&server.url, &sid, &[("authorization", &bearer)]).await?;
-    editor
-        .save(&with_sum(&editor.codes(), n), "notebook.py")
-        .await?;
-    drop(editor);
+) -> anyhow::Result<(HubClient, String, String, String, u16)> {
+    let sid = started(&a, &pid, &nid, "edit").await?;
+    edit_sum(&server.url, &sid, token, n).await?;
     let port = sandbox_port(env, &sid)?;
     assert!(port_open(port));
-    Ok((pid, nid, sid, port))
-}
-
-async fn head_has(c: &tests::hub::HubClient, pid: &str, nid: &str, n: u32) -> anyhow::Result<bool> {
-    let (_, file) = c
-        .get_bytes(&format!(
-            "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/notebook.py"
-        ))
-        .await?;
-    Ok(String::from_utf8_lossy(&file).contains(&format!("40 + {n}")))
+    Ok((a, pid, nid, sid, port))
 }
 
 async fn a_silent_session_expires_and_keeps_its_change(b: Backend) -> anyhow::Result<()> {
     let mut env = session_env(b).await?;
     env.set("UNICAS_HUB_SESSION_EXPIRE_MS", 3000);
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let (pid, nid, sid, port) = edited_session(&env, &server, &token, 21).await?;
-    // No heartbeat and no open editor: it expires, and its process goes.
+    let (token, server, a, pid, nid) = alice_notebook(&env).await?;
+    let (a, pid, nid, sid, port) = edited_session(&env, &server, &token, a, (pid, nid), 21).await?;
+    // No heartbeat and no open editor: it expires (after saving), and its process goes.
     let s = wait_status(&a, &pid, &nid, &sid, "expired", Duration::from_secs(30)).await?;
     assert!(s["ended_at"].is_string());
-    eventually(
-        Duration::from_secs(15),
-        "the sandbox's port to close",
-        || async move { Ok((!port_open(port)).then_some(())) },
-    )
-    .await?;
+    assert!(
+        !port_open(port),
+        "the expired session's marimo still listens"
+    );
     assert!(!process_running(&sid));
     assert!(
-        head_has(&a, &pid, &nid, 21).await?,
+        head_file(&a, &pid, &nid, "notebook.py")
+            .await?
+            .contains("40 + 21"),
         "the expired session's change was lost"
     );
     let events = data(
@@ -84,9 +61,8 @@ async fn a_silent_session_expires_and_keeps_its_change(b: Backend) -> anyhow::Re
 
 async fn a_killed_hub_loses_no_change_and_leaves_no_process(b: Backend) -> anyhow::Result<()> {
     let env = session_env(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let (pid, nid, sid, port) = edited_session(&env, &server, &token, 31).await?;
+    let (token, server, a, pid, nid) = alice_notebook(&env).await?;
+    let (_, pid, nid, sid, port) = edited_session(&env, &server, &token, a, (pid, nid), 31).await?;
     server.kill();
     // marimo outlives the hub that started it …
     assert!(
@@ -105,7 +81,9 @@ async fn a_killed_hub_loses_no_change_and_leaves_no_process(b: Backend) -> anyho
     );
     assert!(!session_dir(&env, &sid).exists());
     assert!(
-        head_has(&a, &pid, &nid, 31).await?,
+        head_file(&a, &pid, &nid, "notebook.py")
+            .await?
+            .contains("40 + 31"),
         "the change made before the kill was lost"
     );
     let versions = data(
@@ -128,9 +106,8 @@ async fn a_killed_hub_loses_no_change_and_leaves_no_process(b: Backend) -> anyho
 
 async fn a_stopped_hub_saves_and_stops_its_sandboxes(b: Backend) -> anyhow::Result<()> {
     let env = session_env(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let (pid, nid, sid, port) = edited_session(&env, &server, &token, 41).await?;
+    let (token, server, a, pid, nid) = alice_notebook(&env).await?;
+    let (_, pid, nid, sid, port) = edited_session(&env, &server, &token, a, (pid, nid), 41).await?;
     assert!(
         server.terminate()?,
         "the hub did not exit cleanly on SIGTERM"
@@ -142,22 +119,13 @@ async fn a_stopped_hub_saves_and_stops_its_sandboxes(b: Backend) -> anyhow::Resu
     let s = data(&a.get(&session_path(&pid, &nid, &sid)).await?, 200);
     assert_eq!(s["status"], "terminated", "{s}");
     assert!(
-        head_has(&a, &pid, &nid, 41).await?,
+        head_file(&a, &pid, &nid, "notebook.py")
+            .await?
+            .contains("40 + 41"),
         "the change was not saved at shutdown"
     );
     Ok(())
 }
 
 hub_e2e!(a_killed_hub_loses_no_change_and_leaves_no_process);
-
-mod one_backend {
-    use super::*;
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_silent_session_expires_and_keeps_its_change() -> anyhow::Result<()> {
-        super::a_silent_session_expires_and_keeps_its_change(Backend::SQLITE_FS).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_stopped_hub_saves_and_stops_its_sandboxes() -> anyhow::Result<()> {
-        super::a_stopped_hub_saves_and_stops_its_sandboxes(Backend::SQLITE_FS).await
-    }
-}
+hub_e2e_on!(sqlite_fs => SQLITE_FS: a_silent_session_expires_and_keeps_its_change, a_stopped_hub_saves_and_stops_its_sandboxes);

@@ -1,43 +1,34 @@
 //! A session from start to teardown: running marimo, reached only through the proxy, reused,
-//! saved at teardown with an HTML snapshot; app sessions; limits; no runtime.
+//! saved at teardown with an HTML snapshot; app sessions; limits; no runtime; a session run by
+//! another hub process.
 
 use std::time::Duration;
 
 use serde_json::json;
-use tests::hub::{HubClient, HubEnv, data, refused};
+use tests::hub::{HubEnv, data, refused};
 use tests::sessions::*;
 use tests::*;
 
-const START: Duration = Duration::from_secs(90);
-
 async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
     let env = session_env(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
-    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
+    let (token, server, a, pid, nid) = alice_notebook(&env).await?;
+    let versions_path = format!("/api/v1/projects/{pid}/notebooks/{nid}/versions");
 
-    let created = create(&a, &pid, &nid, "edit").await?;
-    let s = data(&created, 202);
+    let s = data(&create(&a, &pid, &nid, "edit").await?, 202);
     assert_eq!(s["status"], "starting");
     let sid = s["session_id"].as_str().unwrap_or_default().to_string();
     assert!(sid.starts_with("sess-"), "{sid}");
     assert_eq!(s["sandbox_url"], format!("/s/{sid}/"));
     assert_eq!(s["opened_revision"], 1);
-    let s = wait_status(&a, &pid, &nid, &sid, "running", START).await?;
-    assert!(
-        s["runtime"]["python_version"]
-            .as_str()
-            .is_some_and(|v| v.starts_with('3')),
-        "{s}"
-    );
-    assert!(
-        s["runtime"]["marimo_version"]
-            .as_str()
-            .is_some_and(|v| !v.is_empty()),
-        "{s}"
-    );
+    let s = wait_status(&a, &pid, &nid, &sid, "running", Duration::from_secs(90)).await?;
+    for (field, prefix) in [("python_version", "3"), ("marimo_version", "")] {
+        assert!(
+            s["runtime"][field]
+                .as_str()
+                .is_some_and(|v| v.starts_with(prefix) && !v.is_empty()),
+            "{s}"
+        );
+    }
     assert!(
         s["sandbox_id"]
             .as_str()
@@ -45,7 +36,8 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
         "{s}"
     );
 
-    // marimo itself refuses anyone without the sandbox's secret; the hub holds it.
+    // marimo itself refuses anyone without the sandbox's secret; the hub holds it, and the
+    // record never names the sandbox's address.
     let port = sandbox_port(&env, &sid)?;
     let direct = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -69,7 +61,7 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
         api.status()
     );
     assert!(
-        !sandbox_url_leaks(&s, port),
+        !s.to_string().contains(&format!(":{port}")),
         "the record names the sandbox's port: {s}"
     );
 
@@ -78,17 +70,7 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
     assert_eq!(again["session_id"], sid);
 
     // Edit through the proxy as marimo's editor does, then end the session.
-    let bearer = format!("Bearer {token}");
-    let editor = Editor::open(&server.url, &sid, &[("authorization", &bearer)]).await?;
-    assert!(
-        editor.codes().iter().any(|c| c.contains("40 + 2")),
-        "{:?}",
-        editor.codes()
-    );
-    editor
-        .save(&with_sum(&editor.codes(), 7), "notebook.py")
-        .await?;
-    drop(editor);
+    edit_sum(&server.url, &sid, &token, 7).await?;
     let hb = data(
         &a.post(
             &format!("{}/heartbeat", session_path(&pid, &nid, &sid)),
@@ -98,7 +80,6 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
         200,
     );
     assert_eq!(hb["status"], "running");
-
     let ended = data(&a.delete(&session_path(&pid, &nid, &sid)).await?, 200);
     assert_eq!(ended["status"], "terminated");
     assert!(
@@ -115,15 +96,17 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
     );
 
     // The change is revision 2, cut by the session, with an HTML snapshot of that code.
-    let versions = data(
-        &a.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions"))
-            .await?,
-        200,
-    );
+    let versions = data(&a.get(&versions_path).await?, 200);
     let v = &versions["items"][0];
-    assert_eq!(v["revision"], 2, "{versions}");
-    assert_eq!(v["kind"], "session");
-    assert_eq!(v["author"], "alice");
+    assert_eq!(
+        (
+            v["revision"].as_i64(),
+            v["kind"].as_str(),
+            v["author"].as_str()
+        ),
+        (Some(2), Some("session"), Some("alice")),
+        "{versions}"
+    );
     assert_eq!(ended["last_version_id"], v["version_id"]);
     assert!(
         v["html_snapshot"]["size_bytes"]
@@ -132,19 +115,14 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
         "{v}"
     );
     assert!(v["html_snapshot"]["captured_at"].is_string(), "{v}");
+    assert!(
+        head_file(&a, &pid, &nid, "notebook.py")
+            .await?
+            .contains("40 + 7")
+    );
     let vid = v["version_id"].as_str().unwrap_or_default();
-    let (st, file) = a
-        .get_bytes(&format!(
-            "/api/v1/projects/{pid}/notebooks/{nid}/versions/{vid}/files/notebook.py"
-        ))
-        .await?;
-    assert_eq!(st, 200);
-    assert!(String::from_utf8_lossy(&file).contains("40 + 7"));
     let html = a
-        .request(
-            reqwest::Method::GET,
-            &format!("/api/v1/projects/{pid}/notebooks/{nid}/versions/{vid}/html"),
-        )
+        .request(reqwest::Method::GET, &format!("{versions_path}/{vid}/html"))
         .send()
         .await?;
     assert_eq!(html.status(), 200);
@@ -164,10 +142,7 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
         .as_str()
         .unwrap_or_default();
     refused(
-        &a.get(&format!(
-            "/api/v1/projects/{pid}/notebooks/{nid}/versions/{first}/html"
-        ))
-        .await?,
+        &a.get(&format!("{versions_path}/{first}/html")).await?,
         404,
         "NOT_FOUND",
     );
@@ -200,29 +175,18 @@ async fn edit_and_end(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sandbox_url_leaks(record: &serde_json::Value, port: u16) -> bool {
-    record.to_string().contains(&format!(":{port}"))
-}
-
 async fn apps_run_read_only(b: Backend) -> anyhow::Result<()> {
     let env = session_env(b).await?;
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
-    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
-    let sid = data(&create(&a, &pid, &nid, "app").await?, 202)["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let s = wait_status(&a, &pid, &nid, &sid, "running", START).await?;
+    let (_, _server, a, pid, nid) = alice_notebook(&env).await?;
+    let sid = started(&a, &pid, &nid, "app").await?;
+    let s = data(&a.get(&session_path(&pid, &nid, &sid)).await?, 200);
     assert_eq!(s["mode"], "app");
     let page = a
         .request(reqwest::Method::GET, &format!("/s/{sid}/"))
         .send()
         .await?;
     assert_eq!(page.status(), 200);
-    // An app session is not an editor: it holds no claim.
+    // An app session is not an editor: it holds no claim, and saves nothing.
     let claim = data(
         &a.get(&format!(
             "/api/v1/projects/{pid}/notebooks/{nid}/editor-session"
@@ -248,16 +212,9 @@ async fn apps_run_read_only(b: Backend) -> anyhow::Result<()> {
 async fn limits_and_a_missing_runtime_are_clear(b: Backend) -> anyhow::Result<()> {
     let mut env = session_env(b).await?;
     env.set("UNICAS_HUB_SESSION_MAX_PER_USER", 1);
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
-    let n1 = a.notebook(&pid, "N1", &[("notebook.py", NOTEBOOK)]).await?;
+    let (_, _server, a, pid, n1) = alice_notebook(&env).await?;
     let n2 = a.notebook(&pid, "N2", &[("notebook.py", NOTEBOOK)]).await?;
-    let sid = data(&create(&a, &pid, &n1, "edit").await?, 202)["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let sid = started(&a, &pid, &n1, "edit").await?;
     let r = a
         .request(
             reqwest::Method::POST,
@@ -275,23 +232,17 @@ async fn limits_and_a_missing_runtime_are_clear(b: Backend) -> anyhow::Result<()
         422,
         "VALIDATION_ERROR",
     );
-    wait_status(&a, &pid, &n1, &sid, "running", START).await?;
     data(&a.delete(&session_path(&pid, &n1, &sid)).await?, 200);
-    drop(server);
 
     // No marimo: the session fails with a clear, secret-free error; then 503 at once.
     let mut env = HubEnv::new(b).await?;
     env.set("UNICAS_HUB_MARIMO", "/nonexistent/marimo");
-    let token = env.user("alice")?;
-    let server = env.start()?;
-    let a = server.client(Some(&token));
-    let pid = a.project("P").await?;
-    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
+    let (_, _server, a, pid, nid) = alice_notebook(&env).await?;
     let sid = data(&create(&a, &pid, &nid, "edit").await?, 202)["session_id"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let failed = wait_status(&a, &pid, &nid, &sid, "failed", START).await?;
+    let failed = wait_status(&a, &pid, &nid, &sid, "failed", Duration::from_secs(60)).await?;
     assert_eq!(failed["error"]["code"], "runtime_unavailable", "{failed}");
     assert!(
         failed["error"]["message"]
@@ -299,12 +250,11 @@ async fn limits_and_a_missing_runtime_are_clear(b: Backend) -> anyhow::Result<()
             .is_some_and(|m| m.contains("UNICAS_HUB_MARIMO")),
         "{failed}"
     );
-    let err = refused(
+    refused(
         &create(&a, &pid, &nid, "edit").await?,
         503,
         "runtime_unavailable",
     );
-    assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()));
     // The failed session released the editor.
     let claim = data(
         &a.get(&format!(
@@ -314,60 +264,31 @@ async fn limits_and_a_missing_runtime_are_clear(b: Backend) -> anyhow::Result<()
         200,
     );
     assert_eq!(claim["session_id"], serde_json::Value::Null);
-    let _ = HubClient::new(&server.url, None);
     Ok(())
 }
 
 async fn a_session_on_another_hub_process_is_reached_through_its_owner(
     b: Backend,
 ) -> anyhow::Result<()> {
-    // Two hub processes over one database (Postgres) and one CAS: a session started on one is
-    // opened, edited and ended through the other.
+    // Two hub processes over one database and one CAS: a session started on one is opened,
+    // edited and ended through the other.
     let env = session_env(b).await?;
-    let token = env.user("alice")?;
-    let first = env.start()?;
+    let (token, first, a1, pid, nid) = alice_notebook(&env).await?;
     let cas = first.cas_url.clone().unwrap_or_default();
     let second = env.start_with(&[("UNICAS_HUB_CAS_URL", cas.as_str())])?;
-    let (a1, a2) = (first.client(Some(&token)), second.client(Some(&token)));
-    let pid = a1.project("P").await?;
-    let nid = a1.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
-    let sid = data(&create(&a1, &pid, &nid, "edit").await?, 202)["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    wait_status(&a2, &pid, &nid, &sid, "running", START).await?;
-    let bearer = format!("Bearer {token}");
-    let editor = Editor::open(&second.url, &sid, &[("authorization", &bearer)]).await?;
-    editor
-        .save(&with_sum(&editor.codes(), 11), "notebook.py")
-        .await?;
-    drop(editor);
+    let a2 = second.client(Some(&token));
+    let sid = started(&a1, &pid, &nid, "edit").await?;
+    edit_sum(&second.url, &sid, &token, 11).await?;
     let ended = data(&a2.delete(&session_path(&pid, &nid, &sid)).await?, 200);
     assert_eq!(ended["status"], "terminated");
-    let (_, file) = a2
-        .get_bytes(&format!(
-            "/api/v1/projects/{pid}/notebooks/{nid}/workspace/files/notebook.py"
-        ))
-        .await?;
-    assert!(String::from_utf8_lossy(&file).contains("40 + 11"));
+    assert!(
+        head_file(&a2, &pid, &nid, "notebook.py")
+            .await?
+            .contains("40 + 11")
+    );
     Ok(())
 }
 
 hub_e2e!(edit_and_end);
-
-mod one_backend {
-    use super::*;
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn apps_run_read_only() -> anyhow::Result<()> {
-        super::apps_run_read_only(Backend::SQLITE_FS).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn limits_and_a_missing_runtime_are_clear() -> anyhow::Result<()> {
-        super::limits_and_a_missing_runtime_are_clear(Backend::SQLITE_FS).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_session_on_another_hub_process_is_reached_through_its_owner() -> anyhow::Result<()> {
-        super::a_session_on_another_hub_process_is_reached_through_its_owner(Backend::POSTGRES_FS)
-            .await
-    }
-}
+hub_e2e_on!(sqlite_fs => SQLITE_FS: apps_run_read_only, limits_and_a_missing_runtime_are_clear);
+hub_e2e_on!(postgres_fs => POSTGRES_FS: a_session_on_another_hub_process_is_reached_through_its_owner);
