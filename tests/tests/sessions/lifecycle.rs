@@ -292,3 +292,111 @@ async fn a_session_on_another_hub_process_is_reached_through_its_owner(
 hub_e2e!(edit_and_end);
 hub_e2e_on!(sqlite_fs => SQLITE_FS: apps_run_read_only, limits_and_a_missing_runtime_are_clear);
 hub_e2e_on!(postgres_fs => POSTGRES_FS: a_session_on_another_hub_process_is_reached_through_its_owner);
+
+async fn changes_are_saved_while_the_session_runs(b: Backend) -> anyhow::Result<()> {
+    let mut env = session_env(b).await?;
+    env.set("UNICAS_HUB_SESSION_SAVE_INTERVAL_MS", 1000);
+    env.set("UNICAS_HUB_SESSION_RETENTION_MS", 1500);
+    let (token, server, a, pid, nid) = alice_notebook(&env).await?;
+    let sid = started(&a, &pid, &nid, "edit").await?;
+    edit_sum(&server.url, &sid, &token, 17).await?;
+    // Saved without ending the session; the session's next save builds on it.
+    let path = session_path(&pid, &nid, &sid);
+    let s = eventually(Duration::from_secs(30), "a periodic save", || {
+        let (a, path) = (a.clone(), path.clone());
+        async move {
+            let s = data(&a.get(&path).await?, 200);
+            Ok((s["base_revision"] == 2).then_some(s))
+        }
+    })
+    .await?;
+    assert_eq!(s["status"], "running");
+    assert!(
+        s["last_saved_at"].is_string() && s["last_version_id"].is_string(),
+        "{s}"
+    );
+    assert!(
+        head_file(&a, &pid, &nid, "notebook.py")
+            .await?
+            .contains("40 + 17")
+    );
+    // Unchanged files make no revision; a second change makes the next one.
+    edit_sum(&server.url, &sid, &token, 18).await?;
+    let ended = data(&a.delete(&path).await?, 200);
+    assert_eq!(ended["base_revision"], 3, "{ended}");
+    let versions = data(
+        &a.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions"))
+            .await?,
+        200,
+    );
+    assert_eq!(
+        versions["items"].as_array().map(Vec::len),
+        Some(3),
+        "{versions}"
+    );
+    // An ended record is reaped after its retention.
+    eventually(Duration::from_secs(30), "the record to be reaped", || {
+        let (a, path) = (a.clone(), path.clone());
+        async move { Ok((a.get(&path).await?.0 == 404).then_some(())) }
+    })
+    .await?;
+    Ok(())
+}
+
+async fn the_hub_prepares_its_runtime_once(b: Backend) -> anyhow::Result<()> {
+    // Without UNICAS_HUB_MARIMO the hub makes a virtual environment with `python -m venv` and
+    // installs the pinned marimo with its pip, once. Here `python` is a stand-in that makes a
+    // environment whose pip records what it is asked and links the test's marimo (no network).
+    let mut env = HubEnv::new(b).await?;
+    let fake = env.env.dir.path().join("fake-python");
+    let pip_log = env.env.dir.path().join("pip.log");
+    let real = marimo()?;
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nset -e\n[ \"$1 $2\" = \"-m venv\" ] || exit 2\nmkdir -p \"$3/bin\"\n\
+             printf '#!/bin/sh\\necho \"$*\" >> {log}\\nsleep 1\\nln -s {marimo} \"$(dirname \"$0\")/marimo\"\\n' > \"$3/bin/pip\"\n\
+             chmod +x \"$3/bin/pip\"\n",
+            log = pip_log.display(),
+            marimo = real.display()
+        ),
+    )?;
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    env.set("UNICAS_HUB_PYTHON", fake.display());
+    let (_, server, a, pid, n1) = alice_notebook(&env).await?;
+    let n2 = a.notebook(&pid, "N2", &[("notebook.py", NOTEBOOK)]).await?;
+    // Two sessions at once wait for one preparation.
+    let (s1, s2) = tokio::join!(
+        started(&a, &pid, &n1, "edit"),
+        started(&a, &pid, &n2, "app")
+    );
+    let (s1, s2) = (s1?, s2?);
+    let installs = std::fs::read_to_string(&pip_log)?;
+    assert_eq!(
+        installs.lines().count(),
+        1,
+        "pip ran more than once: {installs}"
+    );
+    assert!(installs.contains("marimo==0.25.2"), "{installs}");
+    let venv = env.env.dir.path().join("data/runtime/marimo-0.25.2");
+    assert!(venv.join(".ready").exists());
+    for (n, s) in [(&n1, &s1), (&n2, &s2)] {
+        data(&a.delete(&session_path(&pid, n, s)).await?, 200);
+    }
+    drop(server);
+    // A later hub finds it ready.
+    let server = env.start()?;
+    let a = server.client(Some(&env.user("bob")?));
+    let pid = a.project("Q").await?;
+    let nid = a.notebook(&pid, "N", &[("notebook.py", NOTEBOOK)]).await?;
+    let sid = started(&a, &pid, &nid, "edit").await?;
+    assert_eq!(
+        std::fs::read_to_string(&pip_log)?.lines().count(),
+        1,
+        "the runtime was prepared again"
+    );
+    data(&a.delete(&session_path(&pid, &nid, &sid)).await?, 200);
+    Ok(())
+}
+
+hub_e2e_on!(sqlite_fs => SQLITE_FS: changes_are_saved_while_the_session_runs, the_hub_prepares_its_runtime_once);
