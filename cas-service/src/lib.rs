@@ -92,7 +92,8 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// Connects the stores (applying pending migrations) and builds the service.
     pub async fn open(config: Config) -> anyhow::Result<Service> {
-        let meta = MetaStore::connect(&config).await?;
+        let metrics = Metrics::default();
+        let meta = MetaStore::connect_observed(&config, Some(metrics.commit_observer())).await?;
         meta.migrate().await?;
         let blobs = BlobStore::open(&config).await?;
         let key = meta
@@ -125,7 +126,7 @@ impl Service {
             blobs,
             registry,
             signer,
-            metrics: Metrics::default(),
+            metrics,
             app_limiter,
             http,
             oidc: admin::OidcCache::default(),

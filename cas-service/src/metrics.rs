@@ -1,10 +1,13 @@
 //! Prometheus metrics: requests by route and status, lease outcomes, GC work, upload
-//! rejections. Exposed at `/metrics`.
+//! rejections, and the batch commits of the metadata store (operations per commit, commit
+//! latency, failed commits). Exposed at `/metrics`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use server_kit::group_commit::{CommitObserver, CommitStats};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -30,6 +33,9 @@ pub struct Metrics {
     gc_deleted: Counter,
     gc_reclaimed: Counter,
     rejections: Family<CodeLabel, Counter>,
+    commit_operations: Histogram,
+    commit_seconds: Histogram,
+    commit_failures: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,6 +73,24 @@ impl Default for Metrics {
             "Uploads refused on validation, by code",
             rejections.clone(),
         );
+        let commit_operations = Histogram::new(exponential_buckets(1.0, 2.0, 9));
+        let commit_seconds = Histogram::new(exponential_buckets(0.000_25, 2.0, 14));
+        let commit_failures = Counter::default();
+        registry.register(
+            "commit_batch_operations",
+            "Partition operations committed together in one durable commit",
+            commit_operations.clone(),
+        );
+        registry.register(
+            "commit_duration_seconds",
+            "Time a batch's durable commit took",
+            commit_seconds.clone(),
+        );
+        registry.register(
+            "commit_failures",
+            "Batch commits that failed (every operation in them answered an error)",
+            commit_failures.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -74,6 +98,9 @@ impl Default for Metrics {
             gc_deleted,
             gc_reclaimed,
             rejections,
+            commit_operations,
+            commit_seconds,
+            commit_failures,
         }
     }
 }
@@ -108,6 +135,22 @@ impl Metrics {
                 code: code.to_string(),
             })
             .inc();
+    }
+
+    /// What the metadata store tells of each batch commit.
+    pub fn commit_observer(&self) -> CommitObserver {
+        let (operations, seconds, failures) = (
+            self.commit_operations.clone(),
+            self.commit_seconds.clone(),
+            self.commit_failures.clone(),
+        );
+        std::sync::Arc::new(move |s: CommitStats| {
+            operations.observe(s.operations as f64);
+            seconds.observe(s.duration.as_secs_f64());
+            if !s.ok {
+                failures.inc();
+            }
+        })
     }
 
     /// The text exposition format.

@@ -84,13 +84,10 @@ impl DerefMut for WriteTx {
 }
 
 impl WriteTx {
-    /// A write transaction over an already held in-process lock (Postgres callers that queue
-    /// per key before taking an advisory lock).
-    pub fn with_local(tx: Transaction<'static, Any>, local: OwnedMutexGuard<()>) -> Self {
-        WriteTx {
-            tx,
-            _local: Some(local),
-        }
+    /// A write transaction whose caller serializes writers itself (Postgres callers that
+    /// queue per key, see [`crate::group_commit`], before taking an advisory lock).
+    pub fn from_tx(tx: Transaction<'static, Any>) -> Self {
+        WriteTx { tx, _local: None }
     }
 
     /// The connection, for queries.

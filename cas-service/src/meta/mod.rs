@@ -7,18 +7,23 @@
 //! folder. Nothing outside this module writes SQL.
 //!
 //! **The mutation gate.** Lease begin/finalize, root-ref updates and GC of one (App, Space) run
-//! in a [`Gate`]: a write transaction that holds the partition exclusively.
-//! - SQLite (one host): one writer at a time in this process (an async mutex), and
+//! in a [`Partition`]: one operation that holds the partition exclusively, inside a savepoint
+//! of a write transaction that several operations share ([`server_kit::group_commit`]): the
+//! operations that arrive while one runs are committed together, each answered only after that
+//! commit, and one that fails is rolled back alone.
+//! - SQLite (one host): one batch at a time in this process for the whole database, in
 //!   `BEGIN IMMEDIATE`, which other processes on the same file respect.
-//! - Postgres (many replicas): an in-process lock per partition, then a transaction-scoped
-//!   advisory lock keyed by the partition, which serializes replicas; the App revision row
-//!   (updated in the same transaction) orders root-ref updates App-wide.
+//! - Postgres (many replicas): one batch at a time per partition in this process, whose
+//!   transaction takes an advisory lock keyed by the partition once, which serializes
+//!   replicas; the App revision row (updated in the same transaction) orders root-ref updates
+//!   App-wide.
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use cas_format::{AppId, Hash, SpaceId};
+use server_kit::group_commit::{CommitObserver, GroupCommit, Operation};
 use server_kit::sql::{PoolOptions, SqlPool, WriteTx};
 use sha2::{Digest, Sha256};
 use sqlx::any::AnyRow;
@@ -55,13 +60,13 @@ pub struct MetaStore {
     inner: Arc<Inner>,
 }
 
-/// The in-process lock of one partition.
-type PartitionLock = tokio::sync::Mutex<()>;
-
 struct Inner {
-    /// Postgres: one in-process lock per partition, so that a replica's own requests queue
-    /// here rather than on the database.
-    partitions: Mutex<HashMap<(String, String), Weak<PartitionLock>>>,
+    /// SQLite: the group commit of the database.
+    database: GroupCommit,
+    /// Postgres: one group commit per partition, so that a replica's own requests queue (and
+    /// batch) here rather than on the database.
+    partitions: Mutex<HashMap<(String, String), GroupCommit>>,
+    observer: Option<CommitObserver>,
 }
 
 impl std::fmt::Debug for MetaStore {
@@ -78,21 +83,23 @@ static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrati
 /// A write transaction holding a partition (or, for registry changes, the whole store).
 pub type Gate = WriteTx;
 
-/// The mutation gate of one (App, Space): a [`Gate`] that knows its partition. Its methods
-/// (in the `nodes`, `gc` and `root_refs` modules) are the only partition mutations.
+/// The mutation gate of one (App, Space): one operation of a write batch that knows its
+/// partition. Its methods (in the `nodes`, `gc` and `root_refs` modules) are the only
+/// partition mutations. Dropped without [`Partition::commit`], it changes nothing.
 pub struct Partition {
-    gate: Gate,
+    op: Operation,
     pub app: AppId,
     pub space: SpaceId,
 }
 
 impl Partition {
+    /// Commits the operation (with the others of its batch); `Ok` means durable.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.gate.commit().await
+        self.op.commit().await
     }
 
     pub(crate) fn tx(&mut self) -> &mut Transaction<'static, Any> {
-        &mut self.gate
+        self.op.tx()
     }
 }
 
@@ -133,6 +140,14 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
 impl MetaStore {
     /// Connects (creating the SQLite file and its directory if needed). Does not migrate.
     pub async fn connect(config: &Config) -> anyhow::Result<Self> {
+        Self::connect_observed(config, None).await
+    }
+
+    /// Connects, with `observer` told of every batch commit of a partition.
+    pub async fn connect_observed(
+        config: &Config,
+        observer: Option<CommitObserver>,
+    ) -> anyhow::Result<Self> {
         let sql = SqlPool::connect(PoolOptions {
             url: config.database_url()?,
             max_connections: config.database_max_connections,
@@ -148,7 +163,9 @@ impl MetaStore {
             dialect: sql.dialect(),
             sql,
             inner: Arc::new(Inner {
+                database: GroupCommit::new(observer.clone()),
                 partitions: Mutex::new(HashMap::new()),
+                observer,
             }),
         })
     }
@@ -177,43 +194,46 @@ impl MetaStore {
         self.sql.close().await;
     }
 
-    fn partition_lock(&self, app: &str, space: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// The group commit a partition's operations queue in.
+    fn group(&self, app: &str, space: &str) -> GroupCommit {
+        if self.dialect == Dialect::Sqlite {
+            return self.inner.database.clone();
+        }
         let mut map = self
             .inner
             .partitions
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let key = (app.to_string(), space.to_string());
-        if let Some(lock) = map.get(&key).and_then(Weak::upgrade) {
-            return lock;
+        if let Some(group) = map.get(&key) {
+            return group.clone();
         }
         if map.len() > 1024 {
-            map.retain(|_, w| w.strong_count() > 0);
+            map.retain(|_, g| !g.is_idle());
         }
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
-        map.insert(key, Arc::downgrade(&lock));
-        lock
+        let group = GroupCommit::new(self.inner.observer.clone());
+        map.insert(key, group.clone());
+        group
     }
 
     /// Opens the mutation gate of a partition.
     pub async fn gate(&self, app: &AppId, space: &SpaceId) -> Result<Partition, sqlx::Error> {
-        let gate = match self.dialect {
-            Dialect::Sqlite => self.sql.write().await?,
-            Dialect::Postgres => {
-                let local = self
-                    .partition_lock(app.as_str(), space.as_str())
-                    .lock_owned()
-                    .await;
-                let mut tx = self.pool.begin().await?;
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(partition_key(app.as_str(), space.as_str()))
-                    .execute(&mut *tx)
-                    .await?;
-                WriteTx::with_local(tx, local)
+        let begin = || async {
+            match self.dialect {
+                Dialect::Sqlite => self.sql.write().await,
+                Dialect::Postgres => {
+                    let mut tx = self.pool.begin().await?;
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(partition_key(app.as_str(), space.as_str()))
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok(WriteTx::from_tx(tx))
+                }
             }
         };
+        let op = self.group(app.as_str(), space.as_str()).hold(begin).await?;
         Ok(Partition {
-            gate,
+            op,
             app: app.clone(),
             space: space.clone(),
         })

@@ -13,6 +13,9 @@
 //! - root-ref updates per second, 10 changes each;
 //! - small-node (1 KiB) uploads per second (lease, PUT, lease);
 //! - GC deletions per second;
+//! - single-row durable commits per second that the same database reaches on the same disk
+//!   (its own table, the service's pool settings, the same load generator): whether commits
+//!   or the request path are the limit;
 //! - the server's peak RSS while uploading 32 MiB nodes, beside its RSS before.
 
 use std::collections::BTreeMap;
@@ -86,6 +89,7 @@ struct Figures {
     root_refs: f64,
     uploads: f64,
     gc_deletions: f64,
+    commits: f64,
     rss_before_mib: f64,
     rss_peak_mib: f64,
 }
@@ -212,6 +216,8 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     }
     f.gc_deletions = deleted as f64 / start.elapsed().as_secs_f64();
 
+    f.commits = durable_commits(&env).await?;
+
     // Memory: 32 MiB nodes, two at a time.
     f.rss_before_mib = tests::proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
     let mut tasks = Vec::new();
@@ -237,6 +243,47 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     }
     f.rss_peak_mib = tests::proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     Ok(f)
+}
+
+/// Single-row write transactions per second on the server's database (a table of its own),
+/// through a pool set up as the service sets up its own: durable commits, one at a time on
+/// SQLite.
+async fn durable_commits(env: &TestEnv) -> anyhow::Result<f64> {
+    let url = match env.vars.get("UNICAS_DATABASE_URL") {
+        Some(u) => u.clone(),
+        None => format!(
+            "sqlite://{}/commits.db?mode=rwc",
+            env.vars["UNICAS_DATA_DIR"]
+        ),
+    };
+    let sql = server_kit::sql::SqlPool::connect(server_kit::sql::PoolOptions {
+        url,
+        max_connections: CONCURRENCY as u32,
+        sqlite_full_sync: true,
+        create_dir: None,
+    })
+    .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bench_commits (id BIGINT PRIMARY KEY, at BIGINT NOT NULL)",
+    )
+    .execute(sql.pool())
+    .await?;
+    let sql = Arc::new(sql);
+    let rate = throughput(move |i| {
+        let sql = sql.clone();
+        async move {
+            let mut tx = sql.write().await?;
+            sqlx::query("INSERT INTO bench_commits (id, at) VALUES ($1, $2)")
+                .bind(i as i64)
+                .bind(server_kit::now_ms())
+                .execute(tx.conn())
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(rate)
 }
 
 /// Tree put and get of a large tree, beside `cp -r` of the same tree in the same run.
@@ -364,6 +411,12 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         println!("  {:<44} {:>9.0} /s", "GC deletions", f.gc_deletions);
+        println!(
+            "  {:<44} {:>9.0} /s   {:.3} of baseline",
+            "durable single-row commits, same database",
+            f.commits,
+            f.commits / f.healthz
+        );
         println!(
             "  {:<44} {:>9.1} MiB  (before: {:.1} MiB; peak / node size = {:.2})",
             "server peak RSS, 32 MiB nodes two at a time",

@@ -1,0 +1,319 @@
+//! Group commit: many short write operations share one durable commit.
+//!
+//! A [`GroupCommit`] serializes the operations of one key (a database on SQLite, a partition
+//! on Postgres) as a mutex would, but keeps the transaction open between them: each operation
+//! runs inside a savepoint of the key's open batch, and when it is done it is *queued* for the
+//! batch's commit rather than committed alone. The last operation in line (nobody waiting for
+//! the key), or the one that fills the batch, commits it, and every operation of the batch is
+//! answered with the result of that one commit. So an answer still means committed and
+//! durable; what changes is that one fsync serves everyone who arrived while the previous
+//! one was under way.
+//!
+//! An operation that fails (or is dropped) before it is queued is rolled back to its savepoint
+//! alone; the others of its batch commit. A failed commit fails every operation of its batch
+//! and none of them is applied. A queued operation whose batch nobody else commits (everyone
+//! behind it gave up waiting) commits it itself after [`FLUSH_AFTER`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::{Any, Transaction};
+use tokio::sync::{Mutex, OwnedMutexGuard, oneshot};
+
+use crate::sql::WriteTx;
+
+/// How many operations one batch holds at most.
+pub const MAX_BATCH: usize = 256;
+/// How long a batch stays open for more operations at most.
+pub const MAX_BATCH_AGE: Duration = Duration::from_millis(20);
+/// How long a queued operation waits for someone else to commit its batch.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
+
+/// What one commit did: how many operations it held and how long the commit took.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitStats {
+    pub operations: usize,
+    pub duration: Duration,
+    pub ok: bool,
+}
+
+/// Called after every batch commit (for metrics).
+pub type CommitObserver = Arc<dyn Fn(CommitStats) + Send + Sync>;
+
+type Answer = Result<(), Arc<str>>;
+
+struct Batch {
+    tx: WriteTx,
+    seq: u64,
+    opened: Instant,
+    /// The queued operations, answered by the commit.
+    waiters: Vec<oneshot::Sender<Answer>>,
+    /// An operation was abandoned inside its savepoint: roll it back before anything else.
+    abandoned: bool,
+}
+
+#[derive(Default)]
+struct Slot {
+    open: Option<Batch>,
+    next_seq: u64,
+}
+
+struct Shared {
+    slot: Arc<Mutex<Slot>>,
+    /// Operations waiting for the key: while any are, a finished operation leaves the batch
+    /// open for them.
+    waiting: AtomicUsize,
+    observer: Option<CommitObserver>,
+}
+
+/// The group commit of one key. Cheap to clone.
+#[derive(Clone)]
+pub struct GroupCommit {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit")
+            .field("waiting", &self.shared.waiting.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counts an operation as waiting for the key until it holds it (or gives up).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn failed(e: &sqlx::Error) -> Arc<str> {
+    Arc::from(e.to_string())
+}
+
+fn to_error(message: Arc<str>) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::other(format!(
+        "the batch commit failed: {message}"
+    )))
+}
+
+impl GroupCommit {
+    pub fn new(observer: Option<CommitObserver>) -> Self {
+        GroupCommit {
+            shared: Arc::new(Shared {
+                slot: Arc::new(Mutex::new(Slot::default())),
+                waiting: AtomicUsize::new(0),
+                observer,
+            }),
+        }
+    }
+
+    /// Operations waiting for the key now.
+    pub fn waiting(&self) -> usize {
+        self.shared.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Nobody holds, waits for or has queued anything in this key (a map of keys may forget
+    /// it).
+    pub fn is_idle(&self) -> bool {
+        Arc::strong_count(&self.shared) == 1
+            && self
+                .shared
+                .slot
+                .try_lock()
+                .is_ok_and(|slot| slot.open.is_none())
+    }
+
+    /// Holds the key for one operation, inside a savepoint of the open batch; `begin` opens a
+    /// new batch's transaction (and takes whatever lock it needs inside it) when none is open.
+    pub async fn hold<F, Fut>(&self, begin: F) -> Result<Operation, sqlx::Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<WriteTx, sqlx::Error>>,
+    {
+        let mut guard = {
+            let _waiting = Waiting::new(&self.shared.waiting);
+            self.shared.slot.clone().lock_owned().await
+        };
+        if guard.open.as_ref().is_some_and(|b| b.abandoned) {
+            let batch = guard.open.as_mut().map(|b| &mut b.tx);
+            let undone = match batch {
+                Some(tx) => undo_savepoint(tx).await,
+                None => Ok(()),
+            };
+            match undone {
+                Ok(()) => {
+                    if let Some(b) = guard.open.as_mut() {
+                        b.abandoned = false;
+                    }
+                }
+                Err(e) => fail_batch(&mut guard, &e),
+            }
+        }
+        if guard.open.is_none() {
+            let tx = begin().await?;
+            let seq = guard.next_seq;
+            guard.next_seq += 1;
+            guard.open = Some(Batch {
+                tx,
+                seq,
+                opened: Instant::now(),
+                waiters: Vec::new(),
+                abandoned: false,
+            });
+        }
+        let mut op = Operation {
+            guard: Some(guard),
+            shared: self.shared.clone(),
+        };
+        sqlx::query("SAVEPOINT unicas_op")
+            .execute(&mut **op.tx())
+            .await?;
+        Ok(op)
+    }
+}
+
+/// Rolls back the abandoned operation's savepoint.
+async fn undo_savepoint(tx: &mut WriteTx) -> Result<(), sqlx::Error> {
+    sqlx::query("ROLLBACK TO SAVEPOINT unicas_op")
+        .execute(tx.conn())
+        .await?;
+    sqlx::query("RELEASE SAVEPOINT unicas_op")
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+/// Drops the open batch (its transaction rolls back) and fails everyone queued in it.
+fn fail_batch(slot: &mut Slot, e: &sqlx::Error) {
+    if let Some(batch) = slot.open.take() {
+        tracing::warn!(error = %e, operations = batch.waiters.len(), "a write batch failed");
+        let message = failed(e);
+        for w in batch.waiters {
+            let _ = w.send(Err(message.clone()));
+        }
+    }
+}
+
+/// Commits the open batch, if any, and answers everyone queued in it.
+async fn flush(slot: &mut Slot, observer: Option<&CommitObserver>) {
+    let Some(mut batch) = slot.open.take() else {
+        return;
+    };
+    let started = Instant::now();
+    let result = async {
+        if batch.abandoned {
+            undo_savepoint(&mut batch.tx).await?;
+        }
+        batch.tx.commit().await
+    }
+    .await;
+    let stats = CommitStats {
+        operations: batch.waiters.len(),
+        duration: started.elapsed(),
+        ok: result.is_ok(),
+    };
+    let answer: Answer = result.map_err(|e| {
+        tracing::warn!(error = %e, operations = stats.operations, "a batch commit failed");
+        failed(&e)
+    });
+    for w in batch.waiters {
+        let _ = w.send(answer.clone());
+    }
+    if let Some(observe) = observer {
+        observe(stats);
+    }
+}
+
+/// One operation holding its key, inside its savepoint. [`Operation::commit`] queues it for
+/// the batch's commit and answers when that commit is durable; dropping it rolls it back.
+pub struct Operation {
+    guard: Option<OwnedMutexGuard<Slot>>,
+    shared: Arc<Shared>,
+}
+
+impl Operation {
+    /// The transaction the operation's statements run in.
+    pub fn tx(&mut self) -> &mut Transaction<'static, Any> {
+        match self.guard.as_mut().and_then(|g| g.open.as_mut()) {
+            Some(batch) => &mut batch.tx,
+            // `hold` opens the batch and only `commit` and `drop` take the guard.
+            None => unreachable!("an operation holds an open batch"),
+        }
+    }
+
+    /// Queues the operation for its batch's commit and waits until that commit is done:
+    /// `Ok` means durable.
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        sqlx::query("RELEASE SAVEPOINT unicas_op")
+            .execute(&mut **self.tx())
+            .await?;
+        let Some(mut guard) = self.guard.take() else {
+            return Err(to_error(Arc::from("the operation holds no batch")));
+        };
+        let (sender, mut answer) = oneshot::channel();
+        let Some(batch) = guard.open.as_mut() else {
+            return Err(to_error(Arc::from("the operation holds no batch")));
+        };
+        batch.waiters.push(sender);
+        let seq = batch.seq;
+        let full = batch.waiters.len() >= MAX_BATCH || batch.opened.elapsed() >= MAX_BATCH_AGE;
+        let shared = self.shared.clone();
+        if full || shared.waiting.load(Ordering::SeqCst) == 0 {
+            // Commit in a task of its own: the batch is committed and everyone in it answered
+            // even if this request goes away meanwhile.
+            let observer = shared.observer.clone();
+            let _ = tokio::spawn(async move {
+                let mut guard = guard;
+                flush(&mut guard, observer.as_ref()).await;
+            })
+            .await;
+        } else {
+            drop(guard);
+        }
+        loop {
+            match tokio::time::timeout(FLUSH_AFTER, &mut answer).await {
+                Ok(Ok(result)) => return result.map_err(to_error),
+                Ok(Err(_)) => return Err(to_error(Arc::from("the batch was dropped"))),
+                Err(_) => {
+                    // Nobody behind us committed our batch: commit whatever is open.
+                    let slot = shared.slot.clone();
+                    let observer = shared.observer.clone();
+                    let _ = tokio::spawn(async move {
+                        let mut guard = slot.lock_owned().await;
+                        if guard.open.as_ref().is_some_and(|b| b.seq <= seq) {
+                            flush(&mut guard, observer.as_ref()).await;
+                        }
+                    })
+                    .await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Operation {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        match guard.open.as_mut() {
+            // Nobody else is in the batch: drop it whole (its transaction rolls back).
+            Some(batch) if batch.waiters.is_empty() => guard.open = None,
+            // Others are queued in it: the next holder (or the commit) rolls this one back.
+            Some(batch) => batch.abandoned = true,
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Group commit: many operations share one durable commit, and nothing of that is visible.
+//!
+//! - A failing operation in a batch is rolled back alone; the others of its batch commit.
+//! - The server SIGKILLed while many writers' batches commit: after a restart every answered
+//!   request is there, and every request is there whole or not at all (replaying every one of
+//!   them applies each exactly once).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cas_client::RetryPolicy;
+use cas_format::Hash;
+use server_kit::group_commit::{CommitStats, GroupCommit};
+use server_kit::sql::{PoolOptions, SqlPool};
+use tests::*;
+
+/// 64 concurrent operations on one key: each inserts its row; every third one then fails (a
+/// duplicate key) and every fifth is dropped without committing. Only the others' rows are
+/// there, and they shared commits.
+async fn a_failing_operation_fails_alone(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let url = match env.vars.get("UNICAS_DATABASE_URL") {
+        Some(u) => u.clone(),
+        None => format!("sqlite://{}/batch.db?mode=rwc", env.vars["UNICAS_DATA_DIR"]),
+    };
+    let sql = SqlPool::connect(PoolOptions {
+        url,
+        max_connections: 8,
+        sqlite_full_sync: true,
+        create_dir: Some(env.vars["UNICAS_DATA_DIR"].clone().into()),
+    })
+    .await?;
+    sqlx::query("CREATE TABLE batch_rows (id BIGINT PRIMARY KEY)")
+        .execute(sql.pool())
+        .await?;
+    let stats: Arc<Mutex<Vec<CommitStats>>> = Arc::default();
+    let seen = stats.clone();
+    let group = GroupCommit::new(Some(Arc::new(move |s| {
+        seen.lock().unwrap().push(s);
+    })));
+    let mut tasks = Vec::new();
+    for i in 0..64i64 {
+        let (group, sql) = (group.clone(), sql.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut op = group.hold(|| sql.write()).await?;
+            sqlx::query("INSERT INTO batch_rows (id) VALUES ($1)")
+                .bind(i)
+                .execute(&mut **op.tx())
+                .await?;
+            // Give the others time to queue behind this one.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if i % 3 == 0 {
+                let dup = sqlx::query("INSERT INTO batch_rows (id) VALUES ($1)")
+                    .bind(i)
+                    .execute(&mut **op.tx())
+                    .await;
+                anyhow::ensure!(dup.is_err(), "a duplicate key was accepted");
+                return Ok(false);
+            }
+            if i % 5 == 0 {
+                drop(op);
+                return Ok(false);
+            }
+            op.commit().await?;
+            anyhow::Ok(true)
+        }));
+    }
+    let mut committed = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        if t.await?? {
+            committed.push(i as i64);
+        }
+    }
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT id FROM batch_rows ORDER BY id")
+        .fetch_all(sql.pool())
+        .await?;
+    assert_eq!(rows, committed, "exactly the committed operations' rows");
+    let expected: Vec<i64> = (0..64).filter(|i| i % 3 != 0 && i % 5 != 0).collect();
+    assert_eq!(committed, expected);
+    let stats = stats.lock().unwrap().clone();
+    assert!(stats.iter().all(|s| s.ok));
+    assert_eq!(
+        stats.iter().map(|s| s.operations).sum::<usize>(),
+        committed.len()
+    );
+    assert!(
+        stats.len() < committed.len(),
+        "operations shared commits: {} commits for {} operations",
+        stats.len(),
+        committed.len()
+    );
+    Ok(())
+}
+
+/// What one writer sent and what it was told.
+#[derive(Default)]
+struct Sent {
+    /// request id → changes, for every request sent.
+    requests: BTreeMap<String, BTreeMap<Hash, i64>>,
+    /// request id → revision, for every request answered 2xx.
+    answered: BTreeMap<String, u64>,
+    /// Nodes whose lease answered ready, with their content.
+    stored: Vec<(Hash, String)>,
+}
+
+async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let sp = space("s");
+    let mut pool = Vec::new();
+    {
+        let server = env.start()?;
+        let client = app.client(&server);
+        for i in 0..64u32 {
+            let (h, bytes) = leaf(format!("referenced {i}").as_bytes());
+            client.ensure_node(&sp, &h, &bytes, 3_600_000).await?;
+            pool.push(h);
+        }
+    }
+    let pool = Arc::new(pool);
+    let sent: Arc<Mutex<Sent>> = Arc::default();
+    for round in 0..3u32 {
+        let server = env.start()?;
+        let client = app.client(&server).with_retry(RetryPolicy {
+            attempts: 1,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+        });
+        let mut writers = Vec::new();
+        for w in 0..24u32 {
+            let (client, sp, pool, sent) = (client.clone(), sp.clone(), pool.clone(), sent.clone());
+            writers.push(tokio::spawn(async move {
+                for n in 0u32.. {
+                    if w % 4 == 0 {
+                        let content = format!("new {round} {w} {n}");
+                        let (h, bytes) = leaf(content.as_bytes());
+                        if client
+                            .ensure_node(&sp, &h, &bytes, 3_600_000)
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        sent.lock().unwrap().stored.push((h, content));
+                        continue;
+                    }
+                    let id = format!("r{round}-w{w}-n{n}");
+                    let k = (w * 7 + n * 3) as usize;
+                    let changes: BTreeMap<Hash, i64> = (0..3)
+                        .map(|j| (pool[(k + j * 11) % pool.len()], 1))
+                        .collect();
+                    sent.lock()
+                        .unwrap()
+                        .requests
+                        .insert(id.clone(), changes.clone());
+                    let Ok(rid) = id.parse() else { return };
+                    match client.update_root_refs(&sp, &rid, changes).await {
+                        Ok(r) => {
+                            sent.lock().unwrap().answered.insert(id, r.revision);
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(400 + 300 * round as u64)).await;
+        server.kill();
+        for w in writers {
+            w.await?;
+        }
+    }
+
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sent = std::mem::take(&mut *sent.lock().unwrap());
+    assert!(
+        sent.answered.len() > 20,
+        "the writers got answers before the kills"
+    );
+    // Every answered request is there, at the revision it was told.
+    for (id, revision) in &sent.answered {
+        let r = client
+            .update_root_refs(&sp, &id.parse()?, sent.requests[id].clone())
+            .await?;
+        assert!(r.idempotent, "{id} was answered but is not there");
+        assert_eq!(r.revision, *revision, "{id} moved");
+    }
+    // Every request sent is applied exactly once after replaying them all: none was applied
+    // in part.
+    for (id, changes) in &sent.requests {
+        client
+            .update_root_refs(&sp, &id.parse()?, changes.clone())
+            .await?;
+    }
+    let mut expected: BTreeMap<Hash, i64> = BTreeMap::new();
+    for changes in sent.requests.values() {
+        for h in changes.keys() {
+            *expected.entry(*h).or_default() += 1;
+        }
+    }
+    assert!(pool.len() < 200, "one page holds every balance");
+    let page = client.list_root_refs(&sp, 200, None).await?;
+    let got: BTreeMap<Hash, i64> = page.items.iter().map(|i| (i.hash, i.ref_count)).collect();
+    assert_eq!(got, expected, "each request applied exactly once");
+    // Every node answered ready is still ready and whole.
+    assert!(!sent.stored.is_empty());
+    for (h, content) in &sent.stored {
+        assert_eq!(&client.read_node(&sp, h).await?[..], content.as_bytes());
+    }
+    // The replays went through batch commits, and `/metrics` counts every one of them.
+    let text = reqwest::get(format!("{}/metrics", server.url))
+        .await?
+        .text()
+        .await?;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let replays = (sent.answered.len() + sent.requests.len()) as f64;
+    let operations = value("unicas_commit_batch_operations_sum");
+    let commits = value("unicas_commit_batch_operations_count");
+    assert!(
+        operations >= replays && commits >= 1.0 && commits <= operations,
+        "{operations} operations in {commits} commits for {replays} replays:\n{text}"
+    );
+    assert!(value("unicas_commit_duration_seconds_count") == commits);
+    assert_eq!(value("unicas_commit_failures_total"), 0.0);
+    drop(server);
+    env.assert_consistent("hub")?;
+    env.check_invariants(&env.meta().await?, &app.app).await?;
+    Ok(())
+}
+
+/// Each scenario on both databases (the object store plays no part in batching).
+macro_rules! on_both_databases {
+    ($($name:ident),*) => {$(
+        mod $name {
+            use super::*;
+            fn run(b: Backend) {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(4)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(super::$name(b))
+                    .unwrap();
+            }
+            #[test]
+            fn sqlite_fs() {
+                run(Backend::SQLITE_FS)
+            }
+            #[test]
+            fn postgres_fs() {
+                run(Backend::POSTGRES_FS)
+            }
+        }
+    )*};
+}
+
+on_both_databases!(
+    a_failing_operation_fails_alone,
+    a_killed_server_loses_no_answered_write
+);
