@@ -1,25 +1,21 @@
 //! Garbage collection: bounded passes per (App, Space), on request and in the background.
 //!
 //! Each candidate goes through three steps: (1) under the gate, recheck eligibility and mark the
-//! row as being collected (it is not ready from then on); (2) delete its object; (3) under the
-//! gate, delete its edges, decrement its children and delete the row. A crash after any step
-//! leaves a state the next pass finishes. Passes also retire expired upload generations and
+//! row as being collected (it is not ready from then on); (2) delete its object (the objects of
+//! a pass together: `DeleteObjects` on S3); (3) under the gate, delete its edges, decrement its
+//! children and delete the row. A crash after any step leaves a state the next pass finishes. Passes also retire expired upload generations and
 //! delete objects superseded by re-publication.
 
 use std::time::Duration;
 
 use cas_format::wire::GcResponse;
-use cas_format::{AppId, SpaceId};
-use futures_util::StreamExt;
+use cas_format::{AppId, Hash, SpaceId};
 use tokio_util::sync::CancellationToken;
 
 use crate::blob::node_key;
 use crate::error::{ApiError, ApiResult};
 use crate::meta::Marked;
 use crate::{Service, failpoint, now_ms};
-
-/// Object deletions in flight at once.
-const DELETE_CONCURRENCY: usize = 16;
 
 impl Service {
     /// One bounded pass over a partition: examines at most `max_nodes` nodes.
@@ -53,21 +49,22 @@ impl Service {
             ));
         }
 
-        let deleted_objects: Vec<Marked> = futures_util::stream::iter(marked)
-            .map(|m| async move {
-                let key = node_key(app, space, &m.hash, &m.object_gen);
-                match self.blobs.delete(&key).await {
-                    Ok(()) => Some(m),
-                    Err(e) => {
-                        tracing::warn!(error = %e, hash = %m.hash, "object delete failed; the next pass retries");
-                        None
-                    }
+        let keys: Vec<String> = marked
+            .iter()
+            .map(|m| node_key(app, space, &m.hash, &m.object_gen))
+            .collect();
+        let results = self.blobs.delete_many(&keys).await;
+        let deleted_objects: Vec<Marked> = marked
+            .into_iter()
+            .zip(results)
+            .filter_map(|(m, r)| match r {
+                Ok(()) => Some(m),
+                Err(e) => {
+                    tracing::warn!(error = %e, hash = %m.hash, "object delete failed; the next pass retries");
+                    None
                 }
             })
-            .buffer_unordered(DELETE_CONCURRENCY)
-            .filter_map(|m| async move { m })
-            .collect()
-            .await;
+            .collect();
         if failpoint::hit("gc.after_delete").await {
             return Err(ApiError::storage_unavailable(
                 "collecting",
@@ -132,15 +129,22 @@ impl Service {
         if objects.is_empty() {
             return Ok(());
         }
-        let mut gone = Vec::with_capacity(objects.len());
-        for (hash, object_gen) in objects {
-            if self
-                .delete_logged(&node_key(app, space, &hash, &object_gen))
-                .await
-            {
-                gone.push((hash, object_gen));
-            }
-        }
+        let keys: Vec<String> = objects
+            .iter()
+            .map(|(hash, object_gen)| node_key(app, space, hash, object_gen))
+            .collect();
+        let results = self.blobs.delete_many(&keys).await;
+        let gone: Vec<(Hash, String)> = objects
+            .into_iter()
+            .zip(results)
+            .filter_map(|(o, r)| match r {
+                Ok(()) => Some(o),
+                Err(e) => {
+                    tracing::warn!(error = %e, "object delete failed; the next pass retries");
+                    None
+                }
+            })
+            .collect();
         let mut p = self.meta.gate(app, space).await?;
         p.forget_retired_objects(&gone).await?;
         p.commit().await?;

@@ -144,6 +144,41 @@ impl FsStore {
         }
     }
 
+    /// Deletes `keys` in one blocking task; one result per key, in order.
+    pub async fn delete_many(&self, keys: &[String]) -> Vec<Result<(), BlobError>> {
+        let root = self.root.clone();
+        let owned = keys.to_vec();
+        let removed = blocking(move || {
+            Ok(owned
+                .iter()
+                .map(|key| {
+                    let (dirs, name) = split(key);
+                    let gone = root
+                        .descend(dirs.iter().map(String::as_str), false)
+                        .and_then(|dir| dir.unlink(&name));
+                    match gone {
+                        Err(e) if e.kind() != ErrorKind::NotFound => Err(io("delete", key)(e)),
+                        _ => Ok(()),
+                    }
+                })
+                .collect::<Vec<_>>())
+        })
+        .await;
+        match removed {
+            Ok(results) => results,
+            Err(e) => keys
+                .iter()
+                .map(|k| {
+                    Err(BlobError::Io {
+                        op: "delete",
+                        key: k.clone(),
+                        source: std::io::Error::new(e.kind(), e.to_string()),
+                    })
+                })
+                .collect(),
+        }
+    }
+
     pub async fn list(&self, prefix: &str) -> Result<Vec<ListedObject>, BlobError> {
         let root = self.root.clone();
         let start: Vec<String> = prefix

@@ -347,6 +347,15 @@ impl BlobStore {
         }
     }
 
+    /// Deletes `keys` (a missing object is fine); one result per key, in order. On S3 one
+    /// `DeleteObjects` request per 1,000 keys; on the filesystem one blocking task for all.
+    pub async fn delete_many(&self, keys: &[String]) -> Vec<Result<(), BlobError>> {
+        match self {
+            BlobStore::Fs(fs) => fs.delete_many(keys).await,
+            BlobStore::S3(s3) => s3.delete_many(keys).await,
+        }
+    }
+
     /// Every object under `prefix`.
     pub async fn list(&self, prefix: &str) -> Result<Vec<ListedObject>, BlobError> {
         match self {

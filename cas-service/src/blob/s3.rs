@@ -19,6 +19,9 @@ use super::{
 };
 use crate::config::Config;
 
+/// Keys one `DeleteObjects` request names at most (the S3 limit).
+const DELETE_BATCH: usize = 1000;
+
 #[derive(Debug, Clone)]
 pub struct S3Store {
     client: Client,
@@ -253,6 +256,79 @@ impl S3Store {
             .await
             .map_err(|e| s3_err("delete", key, e))?;
         Ok(())
+    }
+
+    /// Deletes `keys` with `DeleteObjects`, up to 1,000 a request; answers one result per key,
+    /// in order (a missing object is fine).
+    pub async fn delete_many(&self, keys: &[String]) -> Vec<Result<(), BlobError>> {
+        use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(DELETE_BATCH) {
+            let ids: Result<Vec<ObjectIdentifier>, _> = chunk
+                .iter()
+                .map(|k| ObjectIdentifier::builder().key(self.key(k)).build())
+                .collect();
+            let request =
+                ids.and_then(|ids| Delete::builder().set_objects(Some(ids)).quiet(true).build());
+            let delete = match request {
+                Ok(d) => d,
+                Err(e) => {
+                    let message = e.to_string();
+                    out.extend(chunk.iter().map(|k| {
+                        Err(BlobError::S3 {
+                            op: "delete",
+                            key: k.clone(),
+                            message: message.clone(),
+                        })
+                    }));
+                    continue;
+                }
+            };
+            match self
+                .client
+                .delete_objects()
+                .bucket(&self.bucket)
+                .delete(delete)
+                .send()
+                .await
+            {
+                Ok(answer) => {
+                    // Quiet mode: only the keys that failed are listed.
+                    let failed: std::collections::HashMap<&str, String> = answer
+                        .errors()
+                        .iter()
+                        .filter_map(|e| {
+                            let key = e.key()?.strip_prefix(&self.prefix)?;
+                            let message = format!(
+                                "{}: {}",
+                                e.code().unwrap_or("error"),
+                                e.message().unwrap_or("")
+                            );
+                            Some((key, message))
+                        })
+                        .collect();
+                    out.extend(chunk.iter().map(|k| match failed.get(k.as_str()) {
+                        Some(message) => Err(BlobError::S3 {
+                            op: "delete",
+                            key: k.clone(),
+                            message: message.clone(),
+                        }),
+                        None => Ok(()),
+                    }));
+                }
+                Err(e) => {
+                    let message = DisplayErrorContext(&e).to_string();
+                    out.extend(chunk.iter().map(|k| {
+                        Err(BlobError::S3 {
+                            op: "delete",
+                            key: k.clone(),
+                            message: message.clone(),
+                        })
+                    }));
+                }
+            }
+        }
+        out
     }
 
     pub async fn list(&self, prefix: &str) -> Result<Vec<ListedObject>, BlobError> {
