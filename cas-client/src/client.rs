@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cas_format::wire::{
-    ErrorBody, GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadataResponse,
-    RefChanges, RootRefPage, RootRefUpdate, RootRefUpdateResponse, UploadTarget, Usage,
+    BatchLeaseElement, BatchLeaseRequest, BatchLeaseResponse, BatchLeaseResult, ErrorBody,
+    GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadataResponse, RefChanges,
+    RootRefPage, RootRefUpdate, RootRefUpdateResponse, UploadTarget, Usage,
 };
 use cas_format::{AppId, Hash, RequestId, SpaceId};
 use futures_util::{Stream, StreamExt};
@@ -479,6 +480,29 @@ impl AppCasClient {
                 .body(body),
         )
         .await
+    }
+
+    /// One batch lease call: up to [`cas_format::wire::MAX_BATCH_LEASES`] elements, answered in order, each with
+    /// its lease answer or its own error. Leases are idempotent, so the call is retried as a
+    /// whole on transient failures.
+    pub async fn lease_batch(
+        &self,
+        space: &SpaceId,
+        leases: Vec<BatchLeaseElement>,
+    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
+        let n = leases.len();
+        let body = serde_json::to_vec(&BatchLeaseRequest { leases })
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let answer: BatchLeaseResponse = self
+            .json(Call::new(Method::POST, "/v1/cas/leases", space, perm::LEASE).body(body))
+            .await?;
+        if answer.results.len() != n {
+            return Err(ClientError::Protocol(format!(
+                "a batch of {n} leases was answered with {} results",
+                answer.results.len()
+            )));
+        }
+        Ok(answer.results)
     }
 
     /// PUTs a portable node to an upload target. A 412 (the target already holds an upload,

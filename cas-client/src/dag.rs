@@ -123,15 +123,15 @@ pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// Makes a Space hold the DAG of a plan.
 pub struct Uploader<'a> {
-    client: &'a AppCasClient,
-    space: &'a SpaceId,
-    plan: &'a Plan,
-    lease_ms: u64,
-    calls: Semaphore,
+    pub(crate) client: &'a AppCasClient,
+    pub(crate) space: &'a SpaceId,
+    pub(crate) plan: &'a Plan,
+    pub(crate) lease_ms: u64,
+    pub(crate) calls: Semaphore,
     done: std::sync::Mutex<HashMap<Hash, Arc<OnceCell<()>>>>,
     nodes: AtomicU64,
-    uploaded_nodes: AtomicU64,
-    uploaded_bytes: AtomicU64,
+    pub(crate) uploaded_nodes: AtomicU64,
+    pub(crate) uploaded_bytes: AtomicU64,
     progress: Option<Progress>,
 }
 
@@ -162,8 +162,12 @@ impl<'a> Uploader<'a> {
         self
     }
 
-    /// Makes every root (and so its whole DAG) ready and leased.
+    /// Makes every root (and so its whole DAG) ready and leased: first in batches
+    /// ([`crate::batch`]), then node by node for whatever the batches left (a lease that ran
+    /// out meanwhile, a node too large to travel inline); each root is leased once more at the
+    /// end, so nothing is taken for ready without the service saying so.
     pub async fn run(&self, roots: &[Hash]) -> Result<DagReport, ClientError> {
+        self.run_batched(roots).await?;
         try_join_all(roots.iter().map(|r| self.ensure(*r))).await?;
         Ok(DagReport {
             nodes: self.nodes.load(Ordering::Relaxed),
@@ -172,7 +176,7 @@ impl<'a> Uploader<'a> {
         })
     }
 
-    fn cell(&self, hash: Hash) -> Arc<OnceCell<()>> {
+    pub(crate) fn cell(&self, hash: Hash) -> Arc<OnceCell<()>> {
         self.done
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -182,7 +186,7 @@ impl<'a> Uploader<'a> {
     }
 
     /// Ensures `hash` once per run.
-    fn ensure(&self, hash: Hash) -> BoxFuture<'_, Result<(), ClientError>> {
+    pub(crate) fn ensure(&self, hash: Hash) -> BoxFuture<'_, Result<(), ClientError>> {
         Box::pin(async move {
             let cell = self.cell(hash);
             cell.get_or_try_init(|| self.ensure_now(hash)).await?;
@@ -205,7 +209,7 @@ impl<'a> Uploader<'a> {
             .await
     }
 
-    fn tick(&self) {
+    pub(crate) fn tick(&self) {
         let nodes = self.nodes.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(p) = &self.progress {
             p(self.uploaded_bytes.load(Ordering::Relaxed), nodes);
@@ -285,7 +289,7 @@ impl<'a> Uploader<'a> {
 
 /// The portable bytes of a planned node, checked against its hash (a file may have changed
 /// since it was planned).
-async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes, ClientError> {
+pub(crate) async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes, ClientError> {
     match source {
         Source::Portable(b) => Ok(b.clone()),
         Source::FileSlice { path, offset, len } => {

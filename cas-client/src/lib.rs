@@ -6,6 +6,7 @@
 //!   short-lived capabilities).
 #![forbid(unsafe_code)]
 
+mod batch;
 pub mod capability;
 pub mod cli;
 mod client;

@@ -41,6 +41,12 @@ pub const GC_MAX_NODES: u32 = 10_000;
 pub const ROOT_REFS_DEFAULT_LIMIT: u32 = 100;
 /// Most root-ref balances per page.
 pub const ROOT_REFS_MAX_LIMIT: u32 = 200;
+/// Most leases one batch lease request may hold.
+pub const MAX_BATCH_LEASES: usize = 1000;
+/// Largest portable node a batch lease element may carry inline.
+pub const MAX_INLINE_NODE_BYTES: u64 = 64 * 1024;
+/// Largest body of one batch lease request.
+pub const MAX_BATCH_LEASE_BODY: u64 = 16 << 20;
 
 /// The error body of every non-2xx answer: a stable code and a safe message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +135,49 @@ impl LeaseResponse {
             LeaseResponse::ValidatedAwaitingChildren { .. } => "validated_awaiting_children",
         }
     }
+}
+
+/// One element of `POST /v1/cas/leases`: the single lease's body plus the node's hash, its
+/// optional declared size, and, for a node of at most [`MAX_INLINE_NODE_BYTES`], optionally
+/// the portable node itself (standard base64), validated and published by this very lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BatchLeaseElement {
+    pub hash: Hash,
+    /// As in the single lease: the service clamps it.
+    pub lease_duration_ms: u64,
+    /// The size of the portable node the client would upload (chooses the upload target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_bytes: Option<u64>,
+    /// The portable node, standard base64, at most 64 KiB decoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Body of `POST /v1/cas/leases`: up to [`MAX_BATCH_LEASES`] leases.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BatchLeaseRequest {
+    pub leases: Vec<BatchLeaseElement>,
+}
+
+/// One answer of a batch lease: the single lease's answer, or this element's own error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum BatchLeaseResult {
+    Lease(LeaseResponse),
+    Error(ErrorBody),
+}
+
+/// The answer to `POST /v1/cas/leases`: one result per element, in the request's order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BatchLeaseResponse {
+    pub results: Vec<BatchLeaseResult>,
 }
 
 /// Immutable metadata of a node.

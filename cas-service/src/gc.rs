@@ -3,8 +3,9 @@
 //! Each candidate goes through three steps: (1) under the gate, recheck eligibility and mark the
 //! row as being collected (it is not ready from then on); (2) delete its object (the objects of
 //! a pass together: `DeleteObjects` on S3); (3) under the gate, delete its edges, decrement its
-//! children and delete the row. A crash after any step leaves a state the next pass finishes. Passes also retire expired upload generations and
-//! delete objects superseded by re-publication.
+//! children and delete the row. A crash after any step leaves a state the next pass finishes.
+//! Passes also retire expired upload generations and delete objects superseded by
+//! re-publication.
 
 use std::time::Duration;
 
@@ -49,22 +50,9 @@ impl Service {
             ));
         }
 
-        let keys: Vec<String> = marked
-            .iter()
-            .map(|m| node_key(app, space, &m.hash, &m.object_gen))
-            .collect();
-        let results = self.blobs.delete_many(&keys).await;
-        let deleted_objects: Vec<Marked> = marked
-            .into_iter()
-            .zip(results)
-            .filter_map(|(m, r)| match r {
-                Ok(()) => Some(m),
-                Err(e) => {
-                    tracing::warn!(error = %e, hash = %m.hash, "object delete failed; the next pass retries");
-                    None
-                }
-            })
-            .collect();
+        let deleted_objects: Vec<Marked> = self
+            .delete_objects(marked, |m| node_key(app, space, &m.hash, &m.object_gen))
+            .await;
         if failpoint::hit("gc.after_delete").await {
             return Err(ApiError::storage_unavailable(
                 "collecting",
@@ -129,26 +117,33 @@ impl Service {
         if objects.is_empty() {
             return Ok(());
         }
-        let keys: Vec<String> = objects
-            .iter()
-            .map(|(hash, object_gen)| node_key(app, space, hash, object_gen))
-            .collect();
+        let gone: Vec<(Hash, String)> = self
+            .delete_objects(objects, |(hash, object_gen)| {
+                node_key(app, space, hash, object_gen)
+            })
+            .await;
+        let mut p = self.meta.gate(app, space).await?;
+        p.forget_retired_objects(&gone).await?;
+        p.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes the objects of `items` together; answers the items whose object is gone (the
+    /// others are logged, and the next pass retries them).
+    async fn delete_objects<T>(&self, items: Vec<T>, key: impl Fn(&T) -> String) -> Vec<T> {
+        let keys: Vec<String> = items.iter().map(key).collect();
         let results = self.blobs.delete_many(&keys).await;
-        let gone: Vec<(Hash, String)> = objects
+        items
             .into_iter()
             .zip(results)
-            .filter_map(|(o, r)| match r {
-                Ok(()) => Some(o),
+            .filter_map(|(item, r)| match r {
+                Ok(()) => Some(item),
                 Err(e) => {
                     tracing::warn!(error = %e, "object delete failed; the next pass retries");
                     None
                 }
             })
-            .collect();
-        let mut p = self.meta.gate(app, space).await?;
-        p.forget_retired_objects(&gone).await?;
-        p.commit().await?;
-        Ok(())
+            .collect()
     }
 
     async fn delete_logged(&self, key: &str) -> bool {

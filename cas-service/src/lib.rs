@@ -25,6 +25,7 @@ pub mod error;
 pub mod fsck;
 pub mod gc;
 mod lease;
+mod lease_batch;
 mod materialize;
 pub mod meta;
 pub mod metrics;

@@ -233,33 +233,8 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
     Ok(())
 }
 
-/// Each scenario on both databases (the object store plays no part in batching).
-macro_rules! on_both_databases {
-    ($($name:ident),*) => {$(
-        mod $name {
-            use super::*;
-            fn run(b: Backend) {
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(4)
-                    .enable_all()
-                    .build()
-                    .unwrap()
-                    .block_on(super::$name(b))
-                    .unwrap();
-            }
-            #[test]
-            fn sqlite_fs() {
-                run(Backend::SQLITE_FS)
-            }
-            #[test]
-            fn postgres_fs() {
-                run(Backend::POSTGRES_FS)
-            }
-        }
-    )*};
-}
-
-on_both_databases!(
+// Each scenario on SQLite and on Postgres: the object store plays no part in batching.
+hub_e2e!(
     a_failing_operation_fails_alone,
     a_killed_server_loses_no_answered_write
 );

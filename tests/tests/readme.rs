@@ -50,7 +50,8 @@ async fn readme_curl_walkthrough_works_as_written() -> anyhow::Result<()> {
         "\"state\":\"ready\"",
         "hello, unicas",
         "\"success\":true",
-        "\"nodeCount\":1",
+        "{\"results\":[{\"state\":\"ready\"",
+        "\"nodeCount\":2",
     ] {
         assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
     }

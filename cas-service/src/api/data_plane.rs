@@ -7,9 +7,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use cas_format::wire::{
-    ErrorBody, GC_DEFAULT_NODES, GC_MAX_NODES, GcRequest, GcResponse, LeaseRequest, LeaseResponse,
-    NodeMetadata, NodeMetadataResponse, NodeState, ROOT_REFS_DEFAULT_LIMIT, ROOT_REFS_MAX_LIMIT,
-    RootRefPage, RootRefUpdate, RootRefUpdateResponse, Usage,
+    BatchLeaseRequest, BatchLeaseResponse, ErrorBody, GC_DEFAULT_NODES, GC_MAX_NODES, GcRequest,
+    GcResponse, LeaseRequest, LeaseResponse, MAX_BATCH_LEASE_BODY, NodeMetadata,
+    NodeMetadataResponse, NodeState, ROOT_REFS_DEFAULT_LIMIT, ROOT_REFS_MAX_LIMIT, RootRefPage,
+    RootRefUpdate, RootRefUpdateResponse, Usage,
 };
 use cas_format::{AppId, SpaceId};
 use serde::Deserialize;
@@ -237,6 +238,39 @@ pub async fn lease(
         )
         .await?;
     Ok(Json(r))
+}
+
+/// Leases up to 1,000 nodes in one request. Each element is the single lease's body plus its
+/// `hash` (and optionally `uploadBytes`); a node of at most 64 KiB may carry its portable
+/// bytes inline (`content`, standard base64), and is then validated and published by this
+/// request. `results` holds, in order, each element's lease answer or its own error
+/// (`{"error", "message"}`): one bad element fails alone. The body may be at most 16 MiB.
+#[utoipa::path(
+    post, path = "/v1/cas/leases", tag = "nodes",
+    params(PartitionQuery),
+    request_body = BatchLeaseRequest,
+    responses(
+        (status = 200, description = "One result per element, in order", body = BatchLeaseResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 413, description = "More than 1,000 elements or a body over 16 MiB", body = ErrorBody),
+        (status = 429, description = "Rate limited; see Retry-After", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security(("capability" = []))
+)]
+pub async fn lease_batch(
+    State(svc): State<Service>,
+    Q(q): Q<PartitionQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<BatchLeaseResponse>> {
+    svc.authorize(&headers, &q.app_id, &q.space_id, permission::NODES_LEASE)
+        .await?;
+    let req: BatchLeaseRequest =
+        parse_json(&bounded_bytes(body, MAX_BATCH_LEASE_BODY as usize).await?)?;
+    crate::lease_batch::check_batch(&req.leases)?;
+    let results = svc.lease_batch(&q.app_id, &q.space_id, req.leases).await;
+    Ok(Json(BatchLeaseResponse { results }))
 }
 
 /// Reads the Space's usage.

@@ -179,6 +179,7 @@ pub fn router(svc: Service) -> Router {
         .routes(routes!(data_plane::get_node))
         .routes(routes!(data_plane::get_metadata))
         .routes(routes!(data_plane::lease))
+        .routes(routes!(data_plane::lease_batch))
         .routes(routes!(data_plane::usage))
         .routes(routes!(data_plane::gc))
         .routes(routes!(

@@ -262,6 +262,13 @@ impl S3Store {
     /// in order (a missing object is fine).
     pub async fn delete_many(&self, keys: &[String]) -> Vec<Result<(), BlobError>> {
         use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+        let failed = |key: &String, message: &str| {
+            Err(BlobError::S3 {
+                op: "delete",
+                key: key.clone(),
+                message: message.to_string(),
+            })
+        };
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(DELETE_BATCH) {
             let ids: Result<Vec<ObjectIdentifier>, _> = chunk
@@ -274,13 +281,7 @@ impl S3Store {
                 Ok(d) => d,
                 Err(e) => {
                     let message = e.to_string();
-                    out.extend(chunk.iter().map(|k| {
-                        Err(BlobError::S3 {
-                            op: "delete",
-                            key: k.clone(),
-                            message: message.clone(),
-                        })
-                    }));
+                    out.extend(chunk.iter().map(|k| failed(k, &message)));
                     continue;
                 }
             };
@@ -294,7 +295,7 @@ impl S3Store {
             {
                 Ok(answer) => {
                     // Quiet mode: only the keys that failed are listed.
-                    let failed: std::collections::HashMap<&str, String> = answer
+                    let refused: std::collections::HashMap<&str, String> = answer
                         .errors()
                         .iter()
                         .filter_map(|e| {
@@ -307,24 +308,14 @@ impl S3Store {
                             Some((key, message))
                         })
                         .collect();
-                    out.extend(chunk.iter().map(|k| match failed.get(k.as_str()) {
-                        Some(message) => Err(BlobError::S3 {
-                            op: "delete",
-                            key: k.clone(),
-                            message: message.clone(),
-                        }),
+                    out.extend(chunk.iter().map(|k| match refused.get(k.as_str()) {
+                        Some(message) => failed(k, message),
                         None => Ok(()),
                     }));
                 }
                 Err(e) => {
                     let message = DisplayErrorContext(&e).to_string();
-                    out.extend(chunk.iter().map(|k| {
-                        Err(BlobError::S3 {
-                            op: "delete",
-                            key: k.clone(),
-                            message: message.clone(),
-                        })
-                    }));
+                    out.extend(chunk.iter().map(|k| failed(k, &message)));
                 }
             }
         }

@@ -216,6 +216,40 @@ impl MetaStore {
     }
 }
 
+/// The active (awaiting upload or validated) generation of a node, if any.
+async fn active_generation_in(
+    conn: &mut sqlx::AnyConnection,
+    app: &cas_format::AppId,
+    space: &SpaceId,
+    hash: &Hash,
+) -> Result<Option<Generation>, sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {GEN_COLUMNS} FROM upload_generations WHERE app_id = $1 AND space_id = $2 \
+         AND hash = $3 AND state IN ('awaiting_upload', 'validated')"
+    )))
+    .bind(app.as_str())
+    .bind(space.as_str())
+    .bind(hb(hash))
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(generation_from_row)
+    .transpose()
+}
+
+impl MetaStore {
+    /// The active generation of a node, read outside the gate (it may change right after).
+    pub async fn active_generation(
+        &self,
+        app: &cas_format::AppId,
+        space: &SpaceId,
+        hash: &Hash,
+    ) -> Result<Option<Generation>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        active_generation_in(&mut conn, app, space, hash).await
+    }
+}
+
 impl Partition {
     /// The active (awaiting upload or validated) generation of a node, if any.
     pub async fn active_generation(
@@ -223,18 +257,7 @@ impl Partition {
         hash: &Hash,
     ) -> Result<Option<Generation>, sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {GEN_COLUMNS} FROM upload_generations WHERE app_id = $1 AND space_id = $2 \
-             AND hash = $3 AND state IN ('awaiting_upload', 'validated')"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(hash))
-        .fetch_optional(&mut **self.tx())
-        .await?
-        .as_ref()
-        .map(generation_from_row)
-        .transpose()
+        active_generation_in(self.tx(), &app, &space, hash).await
     }
 
     /// A generation by id, whatever its state.

@@ -1,0 +1,278 @@
+//! Storing a DAG in batches: the uploader's first phase.
+//!
+//! 1. *Discover*, top-down: the roots are leased in batches; a node that is ready ends its
+//!    branch, a missing one has its distinct children leased in the next round (so every child
+//!    is leased before its new parent, as in the node-by-node walk).
+//! 2. *Store*, bottom-up in waves (a node's wave comes after all of its children's): the small
+//!    nodes of a wave travel inline in batch leases, which validate and publish them; a node
+//!    whose bytes the service already holds is leased again in a batch; the large ones go
+//!    through the node-by-node path (lease, PUT, lease).
+//!
+//! Whatever a batch does not settle is left to the node-by-node walk that follows.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use base64::Engine;
+use cas_format::Hash;
+use cas_format::wire::{
+    BatchLeaseElement, BatchLeaseResult, LeaseResponse, MAX_BATCH_LEASES, MAX_INLINE_NODE_BYTES,
+};
+use futures_util::future::try_join_all;
+use futures_util::{StreamExt, TryStreamExt};
+
+use crate::dag::{Uploader, portable_bytes};
+use crate::error::ClientError;
+
+/// Raw bytes of inline content one request carries at most (its base64 is a third more).
+const INLINE_BYTES_PER_REQUEST: u64 = 4 << 20;
+
+/// Inline batch requests in flight at once (each holds at most
+/// [`INLINE_BYTES_PER_REQUEST`] of content, twice over while it is encoded).
+const INLINE_REQUESTS_IN_FLIGHT: usize = 2;
+
+/// `nodes` in groups of at most [`MAX_BATCH_LEASES`] nodes and [`INLINE_BYTES_PER_REQUEST`]
+/// bytes.
+fn inline_groups(up: &Uploader<'_>, nodes: Vec<Hash>) -> Vec<Vec<Hash>> {
+    let mut groups: Vec<Vec<Hash>> = Vec::new();
+    let mut bytes = 0u64;
+    for h in nodes {
+        let len = up.plan.nodes.get(&h).map_or(0, |n| n.portable_len);
+        let full = groups
+            .last()
+            .is_none_or(|g| g.len() >= MAX_BATCH_LEASES || bytes + len > INLINE_BYTES_PER_REQUEST);
+        if full {
+            groups.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += len;
+        if let Some(g) = groups.last_mut() {
+            g.push(h);
+        }
+    }
+    groups
+}
+
+/// What discovery found out about a node that is not ready.
+#[derive(Debug)]
+struct Missing {
+    /// Its distinct children that must be ready first.
+    children: Vec<Hash>,
+    /// The service holds its validated bytes already: a lease publishes it.
+    validated: bool,
+}
+
+impl Uploader<'_> {
+    /// Leases `elements` in requests of at most [`MAX_BATCH_LEASES`] elements and
+    /// [`INLINE_BYTES_PER_REQUEST`] of inline content, a few at a time; results in order.
+    async fn lease_elements(
+        &self,
+        elements: Vec<BatchLeaseElement>,
+    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
+        let mut requests: Vec<Vec<BatchLeaseElement>> = Vec::new();
+        let mut inline = 0u64;
+        for e in elements {
+            let size = e.content.as_ref().map_or(0, |c| c.len() as u64 * 3 / 4);
+            let full = requests.last().is_none_or(|r| {
+                r.len() >= MAX_BATCH_LEASES || inline + size > INLINE_BYTES_PER_REQUEST
+            });
+            if full {
+                requests.push(Vec::new());
+                inline = 0;
+            }
+            inline += size;
+            if let Some(r) = requests.last_mut() {
+                r.push(e);
+            }
+        }
+        let answers = try_join_all(requests.into_iter().map(|r| async move {
+            let _permit = self
+                .calls
+                .acquire()
+                .await
+                .map_err(|_| ClientError::Cancelled)?;
+            self.client.lease_batch(self.space, r).await
+        }))
+        .await?;
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    fn element(&self, hash: Hash, content: Option<String>) -> BatchLeaseElement {
+        BatchLeaseElement {
+            hash,
+            lease_duration_ms: self.lease_ms,
+            upload_bytes: self.plan.nodes.get(&hash).map(|n| n.portable_len),
+            content,
+        }
+    }
+
+    /// Stores one group of small nodes by one batch lease with their bytes inline.
+    async fn store_inline(
+        &self,
+        group: Vec<Hash>,
+        roots: &HashSet<Hash>,
+    ) -> Result<(), ClientError> {
+        let mut elements = Vec::with_capacity(group.len());
+        for h in &group {
+            let Some(node) = self.plan.nodes.get(h) else {
+                continue;
+            };
+            let bytes = portable_bytes(h, &node.source).await?;
+            let content = base64::engine::general_purpose::STANDARD.encode(&bytes);
+            elements.push(self.element(*h, Some(content)));
+        }
+        let sent: Vec<Hash> = elements.iter().map(|e| e.hash).collect();
+        let results = {
+            let _permit = self
+                .calls
+                .acquire()
+                .await
+                .map_err(|_| ClientError::Cancelled)?;
+            self.client.lease_batch(self.space, elements).await?
+        };
+        for (h, r) in sent.iter().zip(results) {
+            if matches!(r, BatchLeaseResult::Lease(LeaseResponse::Ready { .. })) {
+                if let Some(node) = self.plan.nodes.get(h) {
+                    self.uploaded_nodes.fetch_add(1, Ordering::Relaxed);
+                    self.uploaded_bytes
+                        .fetch_add(node.portable_len, Ordering::Relaxed);
+                }
+                self.settled(*h, roots);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a node settled for this run (it is not looked at again) and counts it.
+    fn settled(&self, hash: Hash, roots: &HashSet<Hash>) {
+        // Roots are leased once more by the node-by-node walk, which counts them.
+        if !roots.contains(&hash) && self.cell(hash).set(()).is_ok() {
+            self.tick();
+        }
+    }
+
+    /// The batched phase of [`Uploader::run`].
+    pub(crate) async fn run_batched(&self, roots: &[Hash]) -> Result<(), ClientError> {
+        let root_set: HashSet<Hash> = roots.iter().copied().collect();
+        let mut missing: HashMap<Hash, Missing> = HashMap::new();
+        let mut seen: HashSet<Hash> = root_set.clone();
+        let mut frontier: Vec<Hash> = seen.iter().copied().collect();
+        while !frontier.is_empty() {
+            let elements = frontier.iter().map(|h| self.element(*h, None)).collect();
+            let results = self.lease_elements(elements).await?;
+            let mut next = Vec::new();
+            for (hash, r) in frontier.iter().zip(results) {
+                let (children, validated) = match r {
+                    BatchLeaseResult::Lease(LeaseResponse::Ready { .. }) => {
+                        self.settled(*hash, &root_set);
+                        continue;
+                    }
+                    BatchLeaseResult::Lease(LeaseResponse::ValidatedAwaitingChildren {
+                        child_hashes,
+                        ..
+                    }) => (child_hashes, true),
+                    BatchLeaseResult::Lease(_) => match self.plan.nodes.get(hash) {
+                        Some(node) => {
+                            let mut distinct = HashSet::new();
+                            let children = node
+                                .refs
+                                .iter()
+                                .copied()
+                                .filter(|c| distinct.insert(*c))
+                                .collect();
+                            (children, false)
+                        }
+                        // Not ours to upload: the node-by-node walk reports it.
+                        None => continue,
+                    },
+                    // The node-by-node walk meets the same error and reports it.
+                    BatchLeaseResult::Error(_) => continue,
+                };
+                for c in &children {
+                    if seen.insert(*c) {
+                        next.push(*c);
+                    }
+                }
+                missing.insert(
+                    *hash,
+                    Missing {
+                        children,
+                        validated,
+                    },
+                );
+            }
+            frontier = next;
+        }
+        self.store_waves(missing, &root_set).await
+    }
+
+    /// Stores the missing nodes, children before parents.
+    async fn store_waves(
+        &self,
+        mut missing: HashMap<Hash, Missing>,
+        roots: &HashSet<Hash>,
+    ) -> Result<(), ClientError> {
+        // Kahn's order over the missing nodes: a wave holds the nodes whose missing children
+        // are all in earlier waves.
+        let mut parents: HashMap<Hash, Vec<Hash>> = HashMap::new();
+        let mut waiting: HashMap<Hash, usize> = HashMap::new();
+        for (h, m) in &missing {
+            let inside: Vec<&Hash> = m
+                .children
+                .iter()
+                .filter(|c| missing.contains_key(c))
+                .collect();
+            waiting.insert(*h, inside.len());
+            for c in inside {
+                parents.entry(*c).or_default().push(*h);
+            }
+        }
+        let mut wave: Vec<Hash> = waiting
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(h, _)| *h)
+            .collect();
+        while !wave.is_empty() {
+            let mut inline = Vec::new();
+            let mut validated = Vec::new();
+            let mut large = Vec::new();
+            for h in &wave {
+                let Some(m) = missing.remove(h) else { continue };
+                match self.plan.nodes.get(h) {
+                    _ if m.validated => validated.push(*h),
+                    Some(node) if node.portable_len <= MAX_INLINE_NODE_BYTES => inline.push(*h),
+                    Some(_) => large.push(*h),
+                    None => {}
+                }
+            }
+            let groups = inline_groups(self, inline);
+            let validated_elements = validated.iter().map(|h| self.element(*h, None)).collect();
+            let (_, _, results) = tokio::try_join!(
+                try_join_all(large.iter().map(|h| self.ensure(*h))),
+                futures_util::stream::iter(groups)
+                    .map(|g| self.store_inline(g, roots))
+                    .buffer_unordered(INLINE_REQUESTS_IN_FLIGHT)
+                    .try_collect::<Vec<()>>(),
+                self.lease_elements(validated_elements),
+            )?;
+            for (h, r) in validated.iter().zip(results) {
+                if matches!(r, BatchLeaseResult::Lease(LeaseResponse::Ready { .. })) {
+                    self.settled(*h, roots);
+                }
+            }
+            let mut next = Vec::new();
+            for h in &wave {
+                for p in parents.get(h).into_iter().flatten() {
+                    if let Some(n) = waiting.get_mut(p) {
+                        *n -= 1;
+                        if *n == 0 {
+                            next.push(*p);
+                        }
+                    }
+                }
+            }
+            wave = next;
+        }
+        Ok(())
+    }
+}

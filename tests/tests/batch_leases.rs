@@ -1,0 +1,223 @@
+//! `POST /v1/cas/leases`: many leases in one request, small nodes inline, one answer per
+//! element in order, and one bad element failing alone.
+
+use base64::Engine;
+use cas_format::Hash;
+use cas_format::wire::{BatchLeaseElement, BatchLeaseResult, LeaseResponse};
+use serde_json::{Value, json};
+use tests::*;
+
+const LEASE: u64 = 600_000;
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn inline(hash: Hash, portable: &[u8]) -> BatchLeaseElement {
+    BatchLeaseElement {
+        hash,
+        lease_duration_ms: LEASE,
+        upload_bytes: None,
+        content: Some(b64(portable)),
+    }
+}
+
+fn plain(hash: Hash, upload_bytes: Option<u64>) -> BatchLeaseElement {
+    BatchLeaseElement {
+        hash,
+        lease_duration_ms: LEASE,
+        upload_bytes,
+        content: None,
+    }
+}
+
+fn ready(r: &BatchLeaseResult) -> bool {
+    matches!(r, BatchLeaseResult::Lease(LeaseResponse::Ready { .. }))
+}
+
+/// 300 small new nodes stored by one request, read back; a parent stored inline with its
+/// children in the same batch is published once they are.
+async fn small_nodes_in_one_request(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let nodes: Vec<(Hash, bytes::Bytes, Vec<u8>)> = (0..300u32)
+        .map(|i| {
+            let content = format!("small node {i}")
+                .repeat(1 + i as usize % 40)
+                .into_bytes();
+            let (h, portable) = leaf(&content);
+            (h, portable, content)
+        })
+        .collect();
+    let results = client
+        .lease_batch(&sp, nodes.iter().map(|(h, p, _)| inline(*h, p)).collect())
+        .await?;
+    assert_eq!(results.len(), nodes.len());
+    for ((h, _, _), r) in nodes.iter().zip(&results) {
+        let BatchLeaseResult::Lease(LeaseResponse::Ready { hash, .. }) = r else {
+            panic!("{h}: {r:?}");
+        };
+        assert_eq!(hash, h, "results are in the request's order");
+    }
+    for (h, _, content) in &nodes {
+        assert_eq!(&client.read_node(&sp, h).await?[..], &content[..]);
+    }
+    assert_eq!(client.usage(&sp).await?.node_count, 300);
+    // Leased again, without content: ready, nothing new stored.
+    let again = client
+        .lease_batch(&sp, nodes.iter().map(|(h, _, _)| plain(*h, None)).collect())
+        .await?;
+    assert!(again.iter().all(ready));
+    assert_eq!(client.usage(&sp).await?.node_count, 300);
+
+    // A parent and its two new children in one batch, the parent first.
+    let (c1, c1_b) = leaf(b"child one");
+    let (c2, c2_b) = leaf(b"child two");
+    let (p, p_b) = node("application/x-test", &[c1, c2], b"parent");
+    let results = client
+        .lease_batch(
+            &sp,
+            vec![inline(p, &p_b), inline(c1, &c1_b), inline(c2, &c2_b)],
+        )
+        .await?;
+    assert!(ready(&results[1]) && ready(&results[2]), "{results:?}");
+    match &results[0] {
+        BatchLeaseResult::Lease(LeaseResponse::Ready { .. }) => {}
+        BatchLeaseResult::Lease(LeaseResponse::ValidatedAwaitingChildren { .. }) => {
+            // Its bytes are kept: a lease without them publishes it now.
+            let r = client.lease_batch(&sp, vec![plain(p, None)]).await?;
+            assert!(ready(&r[0]), "{r:?}");
+        }
+        other => panic!("parent: {other:?}"),
+    }
+    assert_eq!(&client.read_node(&sp, &p).await?[..], b"parent");
+    drop(server);
+    env.assert_consistent("hub")?;
+    env.check_invariants(&env.meta().await?, &app.app).await?;
+    Ok(())
+}
+
+/// Every kind of bad element in one batch beside good ones: each bad one gets its own error,
+/// the good ones are stored, and nothing of the bad ones is.
+async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let (good1, good1_b) = leaf(b"good one");
+    let (good2, good2_b) = leaf(b"good two");
+    let (other, _) = leaf(b"another node");
+    let (big, big_b) = leaf(&vec![7u8; 70 * 1024]);
+    let (later, _) = leaf(b"uploaded the usual way");
+    let mut bad_base64 = inline(other, b"x");
+    bad_base64.content = Some("not base64!".into());
+    let results = client
+        .lease_batch(
+            &sp,
+            vec![
+                inline(good1, &good1_b),
+                inline(other, &good2_b), // content of another hash
+                bad_base64,
+                inline(big, &big_b),         // over 64 KiB inline
+                plain(later, Some(1 << 40)), // declares more than a node may hold
+                plain(later, Some(30)),
+                inline(good2, &good2_b),
+            ],
+        )
+        .await?;
+    let code = |r: &BatchLeaseResult| match r {
+        BatchLeaseResult::Error(e) => e.error.clone(),
+        BatchLeaseResult::Lease(l) => l.state().to_string(),
+    };
+    let codes: Vec<String> = results.iter().map(code).collect();
+    assert_eq!(
+        codes,
+        [
+            "ready",
+            "NODE_DIGEST_MISMATCH",
+            "INVALID_REQUEST",
+            "NODE_TOO_LARGE",
+            "NODE_TOO_LARGE",
+            "awaiting_upload",
+            "ready",
+        ],
+        "{results:?}"
+    );
+    let usage = client.usage(&sp).await?;
+    assert_eq!(usage.node_count, 2, "only the good nodes are stored");
+    assert!(client.read_node(&sp, &other).await.is_err());
+    assert!(client.read_node(&sp, &big).await.is_err());
+    drop(server);
+    env.assert_consistent("hub")?;
+    Ok(())
+}
+
+/// A batch as a whole: empty, too many elements, too large a body, no or a wrong capability.
+async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let sp = space("s");
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/cas/leases", server.url);
+    let lease = app.token(&sp, &["cas:nodes:lease"]);
+    let post = |token: Option<&str>, body: Vec<u8>| {
+        let mut req = http
+            .post(&url)
+            .query(&[("appId", "hub"), ("spaceId", "s")])
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    let element =
+        |i: u32| json!({"hash": leaf(&i.to_le_bytes()).0.to_string(), "leaseDurationMs": LEASE});
+    let error = |v: Value| v["error"].as_str().unwrap_or_default().to_string();
+    let r = post(Some(&lease), serde_json::to_vec(&json!({"leases": []}))?).await?;
+    assert_eq!(r.status(), 400);
+    let many: Vec<Value> = (0..1001).map(element).collect();
+    let r = post(Some(&lease), serde_json::to_vec(&json!({"leases": many}))?).await?;
+    assert_eq!(r.status(), 413);
+    assert_eq!(error(r.json().await?), "TOO_MANY_LEASES");
+    let huge = json!({"leases": [{"hash": leaf(b"x").0.to_string(), "leaseDurationMs": LEASE,
+        "content": "A".repeat(17 << 20)}]});
+    // Refused at 16 MiB: the answer is 413, unless the server closed the connection on the
+    // rest of the body before the client read it.
+    // (A client of its own: that connection is not reused.)
+    let sent = reqwest::Client::new()
+        .post(&url)
+        .query(&[("appId", "hub"), ("spaceId", "s")])
+        .bearer_auth(&lease)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&huge)?)
+        .send()
+        .await;
+    if let Ok(r) = sent {
+        assert_eq!(r.status(), 413);
+    }
+    let one = serde_json::to_vec(&json!({"leases": [element(1)]}))?;
+    assert_eq!(post(None, one.clone()).await?.status(), 401);
+    let read_only = app.token(&sp, &["cas:nodes:read"]);
+    assert_eq!(post(Some(&read_only), one.clone()).await?.status(), 403);
+    let unknown = serde_json::to_vec(&json!({"leases": [element(1)], "extra": 1}))?;
+    assert_eq!(post(Some(&lease), unknown).await?.status(), 400);
+    let r = post(Some(&lease), one).await?;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await?;
+    assert_eq!(v["results"][0]["state"], "awaiting_upload");
+    let usage = app.client(&server).usage(&sp).await?;
+    assert_eq!(usage.node_count, 0);
+    Ok(())
+}
+
+e2e!(
+    small_nodes_in_one_request,
+    one_bad_element_fails_alone,
+    whole_batches_are_refused_clearly,
+);
