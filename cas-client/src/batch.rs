@@ -31,13 +31,13 @@ const INLINE_BYTES_PER_REQUEST: u64 = 4 << 20;
 /// [`INLINE_BYTES_PER_REQUEST`] of content, twice over while it is encoded).
 const INLINE_REQUESTS_IN_FLIGHT: usize = 2;
 
-/// `nodes` in groups of at most [`MAX_BATCH_LEASES`] nodes and [`INLINE_BYTES_PER_REQUEST`]
-/// bytes.
-fn inline_groups(up: &Uploader<'_>, nodes: Vec<Hash>) -> Vec<Vec<Hash>> {
-    let mut groups: Vec<Vec<Hash>> = Vec::new();
+/// `items` in groups of at most [`MAX_BATCH_LEASES`] items and [`INLINE_BYTES_PER_REQUEST`]
+/// bytes (as `size` counts them), in order.
+fn groups<T>(items: Vec<T>, size: impl Fn(&T) -> u64) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = Vec::new();
     let mut bytes = 0u64;
-    for h in nodes {
-        let len = up.plan.nodes.get(&h).map_or(0, |n| n.portable_len);
+    for item in items {
+        let len = size(&item);
         let full = groups
             .last()
             .is_none_or(|g| g.len() >= MAX_BATCH_LEASES || bytes + len > INLINE_BYTES_PER_REQUEST);
@@ -47,7 +47,7 @@ fn inline_groups(up: &Uploader<'_>, nodes: Vec<Hash>) -> Vec<Vec<Hash>> {
         }
         bytes += len;
         if let Some(g) = groups.last_mut() {
-            g.push(h);
+            g.push(item);
         }
     }
     groups
@@ -69,22 +69,9 @@ impl Uploader<'_> {
         &self,
         elements: Vec<BatchLeaseElement>,
     ) -> Result<Vec<BatchLeaseResult>, ClientError> {
-        let mut requests: Vec<Vec<BatchLeaseElement>> = Vec::new();
-        let mut inline = 0u64;
-        for e in elements {
-            let size = e.content.as_ref().map_or(0, |c| c.len() as u64 * 3 / 4);
-            let full = requests.last().is_none_or(|r| {
-                r.len() >= MAX_BATCH_LEASES || inline + size > INLINE_BYTES_PER_REQUEST
-            });
-            if full {
-                requests.push(Vec::new());
-                inline = 0;
-            }
-            inline += size;
-            if let Some(r) = requests.last_mut() {
-                r.push(e);
-            }
-        }
+        let requests = groups(elements, |e| {
+            e.content.as_ref().map_or(0, |c| c.len() as u64 * 3 / 4)
+        });
         let answers = try_join_all(requests.into_iter().map(|r| async move {
             let _permit = self
                 .calls
@@ -245,11 +232,13 @@ impl Uploader<'_> {
                     None => {}
                 }
             }
-            let groups = inline_groups(self, inline);
+            let inline_groups = groups(inline, |h| {
+                self.plan.nodes.get(h).map_or(0, |n| n.portable_len)
+            });
             let validated_elements = validated.iter().map(|h| self.element(*h, None)).collect();
             let (_, _, results) = tokio::try_join!(
                 try_join_all(large.iter().map(|h| self.ensure(*h))),
-                futures_util::stream::iter(groups)
+                futures_util::stream::iter(inline_groups)
                     .map(|g| self.store_inline(g, roots))
                     .buffer_unordered(INLINE_REQUESTS_IN_FLIGHT)
                     .try_collect::<Vec<()>>(),

@@ -44,7 +44,7 @@ pub const ROOT_REFS_MAX_LIMIT: u32 = 200;
 /// Most leases one batch lease request may hold.
 pub const MAX_BATCH_LEASES: usize = 1000;
 /// Largest portable node a batch lease element may carry inline.
-pub const MAX_INLINE_NODE_BYTES: u64 = 64 * 1024;
+pub const MAX_INLINE_NODE_BYTES: u64 = 256 * 1024;
 /// Largest body of one batch lease request.
 pub const MAX_BATCH_LEASE_BODY: u64 = 16 << 20;
 
@@ -150,7 +150,7 @@ pub struct BatchLeaseElement {
     /// The size of the portable node the client would upload (chooses the upload target).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_bytes: Option<u64>,
-    /// The portable node, standard base64, at most 64 KiB decoded.
+    /// The portable node, standard base64, at most 256 KiB decoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
 }

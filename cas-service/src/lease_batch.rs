@@ -41,7 +41,7 @@ pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
 
 /// The inline bytes of an element, checked against its size limit and its hash.
 fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
-    // Base64 of 64 KiB is at most 87,384 characters: refuse more before decoding.
+    // Base64 of the limit is a third longer: refuse more before decoding.
     if content.len() as u64 > (MAX_INLINE_NODE_BYTES.div_ceil(3)) * 4 {
         return Err(inline_too_large());
     }

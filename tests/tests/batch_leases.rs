@@ -111,7 +111,7 @@ async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
     let (good1, good1_b) = leaf(b"good one");
     let (good2, good2_b) = leaf(b"good two");
     let (other, _) = leaf(b"another node");
-    let (big, big_b) = leaf(&vec![7u8; 70 * 1024]);
+    let (big, big_b) = leaf(&vec![7u8; 300 * 1024]);
     let (later, _) = leaf(b"uploaded the usual way");
     let mut bad_base64 = inline(other, b"x");
     bad_base64.content = Some("not base64!".into());
@@ -122,7 +122,7 @@ async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
                 inline(good1, &good1_b),
                 inline(other, &good2_b), // content of another hash
                 bad_base64,
-                inline(big, &big_b),         // over 64 KiB inline
+                inline(big, &big_b),         // over 256 KiB inline
                 plain(later, Some(1 << 40)), // declares more than a node may hold
                 plain(later, Some(30)),
                 inline(good2, &good2_b),

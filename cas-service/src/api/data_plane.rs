@@ -241,7 +241,7 @@ pub async fn lease(
 }
 
 /// Leases up to 1,000 nodes in one request. Each element is the single lease's body plus its
-/// `hash` (and optionally `uploadBytes`); a node of at most 64 KiB may carry its portable
+/// `hash` (and optionally `uploadBytes`); a node of at most 256 KiB may carry its portable
 /// bytes inline (`content`, standard base64), and is then validated and published by this
 /// request. `results` holds, in order, each element's lease answer or its own error
 /// (`{"error", "message"}`): one bad element fails alone. The body may be at most 16 MiB.
