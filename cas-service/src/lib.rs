@@ -52,7 +52,7 @@ pub struct ServiceState {
     pub blobs: BlobStore,
     pub registry: Registry,
     pub signer: UploadSigner,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// Bounds concurrent validations (memory and spool space).
     pub validations: tokio::sync::Semaphore,
     /// Outbound HTTP (OpenID Connect providers).
@@ -93,10 +93,16 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// Connects the stores (applying pending migrations) and builds the service.
     pub async fn open(config: Config) -> anyhow::Result<Service> {
-        let metrics = Metrics::default();
+        let metrics = Arc::new(Metrics::default());
         let meta = MetaStore::connect_observed(&config, Some(metrics.commit_observer())).await?;
         meta.migrate().await?;
-        let blobs = BlobStore::open(&config).await?;
+        let observed = metrics.clone();
+        let blobs =
+            BlobStore::open(&config)
+                .await?
+                .observed(Arc::new(move |operation, ok, took| {
+                    observed.object_store(operation, ok, took)
+                }));
         let key = meta
             .secret("upload-url")
             .await

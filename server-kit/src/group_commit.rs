@@ -39,8 +39,20 @@ pub struct CommitStats {
     pub ok: bool,
 }
 
-/// Called after every batch commit (for metrics).
-pub type CommitObserver = Arc<dyn Fn(CommitStats) + Send + Sync>;
+/// What a group commit tells its observer (for metrics).
+#[derive(Debug, Clone, Copy)]
+pub enum CommitEvent {
+    /// An operation waited this long for its key.
+    Held { waited: Duration },
+    /// A new batch waited this long for its transaction (a database connection and, on
+    /// Postgres, the partition's advisory lock).
+    Began { waited: Duration },
+    /// A batch was committed (or failed to be).
+    Committed(CommitStats),
+}
+
+/// Told of every [`CommitEvent`].
+pub type CommitObserver = Arc<dyn Fn(CommitEvent) + Send + Sync>;
 
 type Answer = Result<(), Arc<str>>;
 
@@ -142,10 +154,19 @@ impl GroupCommit {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<WriteTx, sqlx::Error>>,
     {
+        let started = Instant::now();
         let mut guard = {
             let _waiting = Waiting::new(&self.shared.waiting);
             self.shared.slot.clone().lock_owned().await
         };
+        let observe = |event| {
+            if let Some(o) = &self.shared.observer {
+                o(event);
+            }
+        };
+        observe(CommitEvent::Held {
+            waited: started.elapsed(),
+        });
         if guard.open.as_ref().is_some_and(|b| b.abandoned) {
             let batch = guard.open.as_mut().map(|b| &mut b.tx);
             let undone = match batch {
@@ -162,7 +183,11 @@ impl GroupCommit {
             }
         }
         if guard.open.is_none() {
+            let beginning = Instant::now();
             let tx = begin().await?;
+            observe(CommitEvent::Began {
+                waited: beginning.elapsed(),
+            });
             let seq = guard.next_seq;
             guard.next_seq += 1;
             guard.open = Some(Batch {
@@ -232,7 +257,7 @@ async fn flush(slot: &mut Slot, observer: Option<&CommitObserver>) {
         let _ = w.send(answer.clone());
     }
     if let Some(observe) = observer {
-        observe(stats);
+        observe(CommitEvent::Committed(stats));
     }
 }
 

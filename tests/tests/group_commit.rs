@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cas_client::RetryPolicy;
 use cas_format::Hash;
-use server_kit::group_commit::{CommitStats, GroupCommit};
+use server_kit::group_commit::{CommitEvent, CommitStats, GroupCommit};
 use server_kit::sql::{PoolOptions, SqlPool};
 use tests::*;
 
@@ -36,8 +36,10 @@ async fn a_failing_operation_fails_alone(b: Backend) -> anyhow::Result<()> {
         .await?;
     let stats: Arc<Mutex<Vec<CommitStats>>> = Arc::default();
     let seen = stats.clone();
-    let group = GroupCommit::new(Some(Arc::new(move |s| {
-        seen.lock().unwrap().push(s);
+    let group = GroupCommit::new(Some(Arc::new(move |e| {
+        if let CommitEvent::Committed(s) = e {
+            seen.lock().unwrap().push(s);
+        }
     })));
     let mut tasks = Vec::new();
     for i in 0..64i64 {

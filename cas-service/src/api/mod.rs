@@ -83,6 +83,13 @@ async fn readyz(State(svc): State<Service>) -> Result<&'static str, ApiError> {
 /// Prometheus metrics in the text exposition format.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "text/plain")))]
 async fn metrics(State(svc): State<Service>) -> Response {
+    if svc.metrics.backlog_due() {
+        let now = crate::now_ms();
+        match svc.meta.backlog(now).await {
+            Ok(b) => svc.metrics.set_backlog(&b, now),
+            Err(e) => tracing::warn!(error = %e, "counting the backlog for /metrics failed"),
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -93,16 +100,21 @@ async fn metrics(State(svc): State<Service>) -> Response {
         .into_response()
 }
 
-/// Counts every answer by method, matched route and status.
+/// Counts and times every answer by method, matched route and status.
 async fn count_requests(State(svc): State<Service>, req: Request, next: Next) -> Response {
     let method = req.method().to_string();
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let started = std::time::Instant::now();
     let response = next.run(req).await;
-    svc.metrics
-        .request(&method, &route, response.status().as_u16());
+    svc.metrics.request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     response
 }
 

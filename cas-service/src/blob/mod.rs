@@ -12,8 +12,11 @@
 //! after GC marked the node never reuses a key that a late delete could still hit. The `app.`
 //! and `space.` prefixes keep identifiers such as `..` from ever being a path component.
 
+use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cas_format::{AppId, Hash, SpaceId};
@@ -255,38 +258,78 @@ pub struct Presigned {
     pub headers: Vec<(String, String)>,
 }
 
-/// The object store.
+/// Told of every object-store request: its operation, whether it succeeded, how long it took.
+pub type StoreObserver = Arc<dyn Fn(&'static str, bool, Duration) + Send + Sync>;
+
 #[derive(Debug, Clone)]
-pub enum BlobStore {
+enum Backend {
     Fs(FsStore),
     S3(S3Store),
+}
+
+/// The object store.
+#[derive(Clone)]
+pub struct BlobStore {
+    backend: Backend,
+    observer: Option<StoreObserver>,
+}
+
+impl std::fmt::Debug for BlobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobStore")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
 }
 
 impl BlobStore {
     /// Opens the store named by the configuration.
     pub async fn open(config: &Config) -> anyhow::Result<Self> {
         let url = config.blob_store()?;
-        if let Some(path) = url.strip_prefix("file://") {
-            return Ok(BlobStore::Fs(FsStore::open(
-                Path::new(path),
-                config.min_free_bytes,
-            )?));
+        let backend = match url.strip_prefix("file://") {
+            Some(path) => Backend::Fs(FsStore::open(Path::new(path), config.min_free_bytes)?),
+            None => Backend::S3(S3Store::open(config, &url).await?),
+        };
+        Ok(BlobStore {
+            backend,
+            observer: None,
+        })
+    }
+
+    /// The store, telling `observer` of every request.
+    pub fn observed(self, observer: StoreObserver) -> Self {
+        BlobStore {
+            observer: Some(observer),
+            ..self
         }
-        Ok(BlobStore::S3(S3Store::open(config, &url).await?))
+    }
+
+    /// Runs one request of `operation`, timed for the observer.
+    async fn timed<T, E>(
+        &self,
+        operation: &'static str,
+        request: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let started = Instant::now();
+        let result = request.await;
+        if let Some(o) = &self.observer {
+            o(operation, result.is_ok(), started.elapsed());
+        }
+        result
     }
 
     /// Where spool files live: on the same filesystem as the objects when they are files, so
     /// that publishing is a rename.
     pub fn spool(&self) -> &Spool {
-        match self {
-            BlobStore::Fs(fs) => fs.spool(),
-            BlobStore::S3(s3) => s3.spool(),
+        match &self.backend {
+            Backend::Fs(fs) => fs.spool(),
+            Backend::S3(s3) => s3.spool(),
         }
     }
 
     /// Whether temporary uploads should go to a presigned URL of the store itself.
     pub fn presigns(&self) -> bool {
-        matches!(self, BlobStore::S3(_))
+        matches!(self.backend, Backend::S3(_))
     }
 
     /// A presigned write-once PUT of `key`, valid for `expires_in_ms`; with `length`, the
@@ -297,9 +340,9 @@ impl BlobStore {
         expires_in_ms: u64,
         length: Option<u64>,
     ) -> Result<Option<Presigned>, BlobError> {
-        match self {
-            BlobStore::Fs(_) => Ok(None),
-            BlobStore::S3(s3) => s3
+        match &self.backend {
+            Backend::Fs(_) => Ok(None),
+            Backend::S3(s3) => s3
                 .presign_put_once(key, expires_in_ms, length)
                 .await
                 .map(Some),
@@ -313,18 +356,24 @@ impl BlobStore {
         body: BodyStream,
         max: u64,
     ) -> Result<u64, PutOnceError> {
-        match self {
-            BlobStore::Fs(fs) => fs.put_once(key, body, max).await,
-            BlobStore::S3(s3) => s3.put_once(key, body, max).await,
-        }
+        self.timed("put_once", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.put_once(key, body, max).await,
+                Backend::S3(s3) => s3.put_once(key, body, max).await,
+            }
+        })
+        .await
     }
 
     /// Stores a finished spool file at `key`, consuming it (a rename on the filesystem).
     pub async fn put_file(&self, key: &str, file: SpoolFile, len: u64) -> Result<(), BlobError> {
-        match self {
-            BlobStore::Fs(fs) => fs.put_file(key, file).await,
-            BlobStore::S3(s3) => s3.put_file(key, file, len).await,
-        }
+        self.timed("put", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.put_file(key, file).await,
+                Backend::S3(s3) => s3.put_file(key, file, len).await,
+            }
+        })
+        .await
     }
 
     /// The object at `key`, or `None` if there is none. With `range`, bytes `start..end`.
@@ -333,42 +382,62 @@ impl BlobStore {
         key: &str,
         range: Option<(u64, u64)>,
     ) -> Result<Option<(ObjectReader, u64)>, BlobError> {
-        match self {
-            BlobStore::Fs(fs) => fs.get(key, range).await,
-            BlobStore::S3(s3) => s3.get(key, range).await,
-        }
+        self.timed("get", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.get(key, range).await,
+                Backend::S3(s3) => s3.get(key, range).await,
+            }
+        })
+        .await
     }
 
     /// Deletes `key`; a missing object is fine.
     pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        match self {
-            BlobStore::Fs(fs) => fs.delete(key).await,
-            BlobStore::S3(s3) => s3.delete(key).await,
-        }
+        self.timed("delete", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.delete(key).await,
+                Backend::S3(s3) => s3.delete(key).await,
+            }
+        })
+        .await
     }
 
     /// Deletes `keys` (a missing object is fine); one result per key, in order. On S3 one
     /// `DeleteObjects` request per 1,000 keys; on the filesystem one blocking task for all.
     pub async fn delete_many(&self, keys: &[String]) -> Vec<Result<(), BlobError>> {
-        match self {
-            BlobStore::Fs(fs) => fs.delete_many(keys).await,
-            BlobStore::S3(s3) => s3.delete_many(keys).await,
+        let started = Instant::now();
+        let results = match &self.backend {
+            Backend::Fs(fs) => fs.delete_many(keys).await,
+            Backend::S3(s3) => s3.delete_many(keys).await,
+        };
+        if let Some(o) = &self.observer
+            && !keys.is_empty()
+        {
+            o(
+                "delete_many",
+                results.iter().all(Result::is_ok),
+                started.elapsed(),
+            );
         }
+        results
     }
 
     /// Every object under `prefix`.
     pub async fn list(&self, prefix: &str) -> Result<Vec<ListedObject>, BlobError> {
-        match self {
-            BlobStore::Fs(fs) => fs.list(prefix).await,
-            BlobStore::S3(s3) => s3.list(prefix).await,
-        }
+        self.timed("list", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.list(prefix).await,
+                Backend::S3(s3) => s3.list(prefix).await,
+            }
+        })
+        .await
     }
 
     /// Whether the store answers.
     pub async fn ping(&self) -> bool {
-        match self {
-            BlobStore::Fs(fs) => fs.ping().await,
-            BlobStore::S3(s3) => s3.ping().await,
+        match &self.backend {
+            Backend::Fs(fs) => fs.ping().await,
+            Backend::S3(s3) => s3.ping().await,
         }
     }
 }

@@ -243,3 +243,49 @@ impl Partition {
         Ok(())
     }
 }
+
+/// What is outstanding across the store, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Nodes whose lease has not run out.
+    pub leased_nodes: i64,
+    /// Upload generations awaiting an upload or their children.
+    pub upload_slots: i64,
+    /// Nodes nothing references whose lease has run out: what GC has yet to take.
+    pub gc_eligible: i64,
+    /// When the longest-waiting of them became eligible (its lease ran out).
+    pub gc_oldest_since: Option<i64>,
+}
+
+impl super::MetaStore {
+    /// Counts what is outstanding at `now` (three counting queries over the whole store).
+    pub async fn backlog(&self, now: i64) -> Result<Backlog, sqlx::Error> {
+        let leased_nodes: i64 =
+            sqlx::query("SELECT COUNT(*) AS n FROM nodes WHERE lease_expires_at > $1")
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get("n")?;
+        let upload_slots: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM upload_generations \
+             WHERE state IN ('awaiting_upload', 'validated') AND expires_at > $1",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?
+        .try_get("n")?;
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n, MIN(lease_expires_at) AS since FROM nodes \
+             WHERE child_ref_count = 0 AND root_ref_count = 0 AND lease_expires_at <= $1",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Backlog {
+            leased_nodes,
+            upload_slots,
+            gc_eligible: row.try_get("n")?,
+            gc_oldest_since: row.try_get("since")?,
+        })
+    }
+}

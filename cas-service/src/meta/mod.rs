@@ -43,7 +43,7 @@ mod usage;
 pub use admin::{Account, AuditEntry, LOCAL_OPERATOR, OidcLogin, SessionRecord};
 pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
-pub use gc::{Marked, RetiringGeneration};
+pub use gc::{Backlog, Marked, RetiringGeneration};
 pub use generations::{Evidence, GenState, Generation, TargetKind};
 pub use nodes::{FinalizeOutcome, NodeRow};
 pub use root_refs::{BalanceCursor, RefFilter, RootRefEvent, RootRefRejection};
