@@ -11,7 +11,8 @@
 //!   from the running lease without a write), beside `GET /healthz` of the same server under
 //!   the same load generator, and lease extensions that each write;
 //! - root-ref updates per second, 10 changes each;
-//! - small-node (1 KiB) uploads per second (lease, PUT, lease);
+//! - small-node (1 KiB) uploads per second (lease, PUT, lease), and nodes stored per second
+//!   by batch leases of 100 nodes carried inline;
 //! - GC deletions per second;
 //! - single-row durable commits per second that the same database reaches on the same disk
 //!   (its own table, the service's pool settings, the same load generator): whether commits
@@ -30,6 +31,8 @@ use tests::{Backend, Blobs, Db, TestEnv, leaf, space};
 
 const CONCURRENCY: usize = 16;
 const PHASE: Duration = Duration::from_secs(4);
+/// Nodes per batch lease in the batched-upload phase.
+const BATCH: usize = 100;
 
 /// Runs `op` from `CONCURRENCY` tasks for `PHASE`; returns completed operations per second.
 async fn throughput<F, Fut>(op: F) -> anyhow::Result<f64>
@@ -88,6 +91,7 @@ struct Figures {
     extensions: f64,
     root_refs: f64,
     uploads: f64,
+    batched_uploads: f64,
     gc_deletions: f64,
     commits: f64,
     rss_before_mib: f64,
@@ -202,6 +206,41 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
             }
         })
         .await?;
+    }
+    {
+        let (client, sp) = (client.clone(), sp.clone());
+        f.batched_uploads = BATCH as f64
+            * throughput(move |i| {
+                let (client, sp) = (client.clone(), sp.clone());
+                async move {
+                    let elements = (0..BATCH as u64)
+                        .map(|k| {
+                            let mut content = vec![0u8; 1024];
+                            content[..8].copy_from_slice(&(i * BATCH as u64 + k).to_le_bytes());
+                            content[8] = 0xBA;
+                            let (hash, bytes) = leaf(&content);
+                            cas_format::wire::BatchLeaseElement {
+                                hash,
+                                lease_duration_ms: 1000,
+                                upload_bytes: None,
+                                content: Some(base64::Engine::encode(
+                                    &base64::engine::general_purpose::STANDARD,
+                                    &bytes,
+                                )),
+                            }
+                        })
+                        .collect();
+                    let results = client.lease_batch(&sp, elements).await?;
+                    anyhow::ensure!(results.iter().all(|r| matches!(
+                        r,
+                        cas_format::wire::BatchLeaseResult::Lease(
+                            cas_format::wire::LeaseResponse::Ready { .. }
+                        )
+                    )));
+                    Ok(())
+                }
+            })
+            .await?;
     }
     // GC: everything uploaded above with a 1 s lease (the server's minimum in tests).
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -427,6 +466,10 @@ async fn main() -> anyhow::Result<()> {
             ("lease extensions that write (1 s to 24 h)", f.extensions),
             ("root-ref updates, 10 changes each", f.root_refs),
             ("small-node uploads (1 KiB: lease, PUT, lease)", f.uploads),
+            (
+                "small nodes stored, 100 inline a batch lease",
+                f.batched_uploads,
+            ),
         ] {
             println!(
                 "  {what:<44} {v:>9.0} /s   {:.3} of baseline",
