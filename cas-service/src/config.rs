@@ -102,16 +102,7 @@ pub struct Config {
     pub min_free_bytes: u64,
 }
 
-/// Where `/metrics` is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricsListen {
-    /// On the main listener, beside the API.
-    Main,
-    /// Nowhere.
-    Off,
-    /// On a listener of its own.
-    Own(SocketAddr),
-}
+pub use server_kit::listen::MetricsListen;
 
 /// An OpenID Connect provider (Google, Microsoft, Keycloak, Dex, …), found by discovery from
 /// its issuer URL. Its redirect URI is `<public_url>/admin/oidc/callback`.
@@ -351,13 +342,7 @@ impl Config {
 
     /// Where `/metrics` is served.
     pub fn metrics_addr(&self) -> anyhow::Result<MetricsListen> {
-        Ok(match self.metrics_listen.trim() {
-            "" => MetricsListen::Main,
-            "off" => MetricsListen::Off,
-            addr => MetricsListen::Own(addr.parse().with_context(|| {
-                format!("metrics_listen {addr:?} is empty, \"off\" or host:port")
-            })?),
-        })
+        MetricsListen::parse("metrics_listen", &self.metrics_listen)
     }
 
     /// The Host allow-list of the admin plane.

@@ -90,6 +90,9 @@ pub struct HubConfig {
     /// comma-separated, `*` for any; unset: the loopback names when it listens on loopback,
     /// else any.
     pub allowed_hosts: String,
+    /// `UNICAS_HUB_METRICS_LISTEN`: where `/metrics` is served: empty (default) beside the
+    /// API, `off` nowhere, `host:port` on a listener of its own.
+    pub metrics_listen: String,
     /// `UNICAS_HUB_PUBLIC_URL`: the origin browsers reach the hub at, when a proxy in front
     /// rewrites `Host` (accepted as the hub's own origin for changes).
     pub public_url: Option<String>,
@@ -144,6 +147,7 @@ impl HubConfig {
             max_concurrent_spools: 4,
             min_free_bytes: 512 << 20,
             allowed_hosts: String::new(),
+            metrics_listen: String::new(),
             public_url: None,
             sessions: crate::sessions::config::SessionConfig::default(),
         }
@@ -194,6 +198,7 @@ impl HubConfig {
         )?;
         parse("UNICAS_HUB_MIN_FREE_BYTES", &mut c.min_free_bytes)?;
         parse("UNICAS_HUB_ALLOWED_HOSTS", &mut c.allowed_hosts)?;
+        parse("UNICAS_HUB_METRICS_LISTEN", &mut c.metrics_listen)?;
         if let Some(v) = env("UNICAS_HUB_AUTH") {
             c.auth = match v.as_str() {
                 "none" => AuthMode::None,
@@ -255,6 +260,7 @@ impl HubConfig {
             bail!("UNICAS_HUB_PUBLIC_URL must start with http:// or https://");
         }
         self.host_allow_list()?;
+        self.metrics_addr()?;
         self.sessions.validate()?;
         Ok(())
     }
@@ -263,6 +269,11 @@ impl HubConfig {
     pub fn host_allow_list(&self) -> anyhow::Result<server_kit::web_guard::AllowedHosts> {
         server_kit::web_guard::AllowedHosts::parse(&self.allowed_hosts, self.listen_addr()?)
             .context("UNICAS_HUB_ALLOWED_HOSTS")
+    }
+
+    /// Where `/metrics` is served.
+    pub fn metrics_addr(&self) -> anyhow::Result<server_kit::listen::MetricsListen> {
+        server_kit::listen::MetricsListen::parse("UNICAS_HUB_METRICS_LISTEN", &self.metrics_listen)
     }
 
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {

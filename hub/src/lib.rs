@@ -21,6 +21,7 @@ pub mod forks;
 pub mod ids;
 pub mod keys;
 pub mod lock;
+pub mod metrics;
 pub mod notebooks;
 pub mod outbox;
 pub mod projects;
@@ -75,6 +76,7 @@ pub struct HubState {
     /// The sessions whose sandboxes this process owns.
     pub sessions: sessions::Sessions,
     pub(crate) proxy: proxy::ProxyState,
+    pub metrics: metrics::HubMetrics,
 }
 
 /// A cheap handle to the hub.
@@ -149,6 +151,7 @@ impl Hub {
             snapshots: SnapshotCache::new(64 << 20),
             sessions,
             proxy: proxy::ProxyState::new(&proxy_secret),
+            metrics: metrics::HubMetrics::default(),
         })))
     }
 
@@ -251,12 +254,30 @@ pub async fn run_hub(
         let (h, stop) = (hub.clone(), shutdown.child_token());
         tokio::spawn(async move { h.session_sweeps(stop).await })
     };
+    let metrics = match hub.config.metrics_addr()? {
+        server_kit::listen::MetricsListen::Own(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (metrics)"))?;
+            tracing::info!(%addr, "metrics listening");
+            let (app, stop) = (api::metrics_router(hub.clone()), shutdown.clone());
+            Some(tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            }))
+        }
+        _ => None,
+    };
     let app = api::router(hub.clone());
     let stop = shutdown.clone();
     let result = axum::serve(server_kit::runtime::nodelay(listener), app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
     shutdown.cancel();
+    if let Some(t) = metrics {
+        let _ = t.await;
+    }
     if let Some(t) = recovery {
         let _ = t.await;
     }

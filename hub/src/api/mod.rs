@@ -156,14 +156,66 @@ pub fn router(hub: Hub) -> Router {
     let session_proxy = Router::new()
         .route("/s/{*rest}", axum::routing::any(crate::proxy::proxy))
         .layer(DefaultBodyLimit::disable());
-    json_routes
+    let mut app = json_routes
         .merge(stream_routes)
         .merge(session_proxy)
         .fallback(|| async { HubError::not_found("no such route") })
         .with_state(hub.clone())
-        .merge(docs)
-        .layer(axum::middleware::from_fn_with_state(hub, guard_browser))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .merge(docs);
+    if matches!(
+        hub.config.metrics_addr(),
+        Ok(server_kit::listen::MetricsListen::Main)
+    ) {
+        app = app.merge(metrics_router(hub.clone()));
+    }
+    app.layer(axum::middleware::from_fn_with_state(
+        hub.clone(),
+        count_requests,
+    ))
+    .layer(axum::middleware::from_fn_with_state(hub, guard_browser))
+    .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// `/metrics` alone (see [`crate::metrics`]), for the main listener or one of its own.
+pub fn metrics_router(hub: Hub) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(hub)
+}
+
+async fn metrics(State(hub): State<Hub>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static(
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
+        )],
+        hub.render_metrics().await,
+    )
+        .into_response()
+}
+
+/// Counts and times every answer by method, matched route and status.
+async fn count_requests(
+    State(hub): State<Hub>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    hub.metrics.request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
 }
 
 /// Refuses requests to a host the hub does not answer to, and changes requested by pages of

@@ -56,6 +56,7 @@ pub mod locks;
 pub mod notebooks;
 pub mod outbox;
 pub mod sessions;
+pub mod stats;
 pub mod users;
 pub mod versions;
 
