@@ -22,18 +22,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use server_kit::group_commit::{CommitEvent, CommitObserver};
+use server_kit::http_metrics::{RequestMetrics, latency};
 
 use crate::meta::Backlog;
 
 /// How often the outstanding counts are recounted at most (they scan the store).
 pub const BACKLOG_EVERY: Duration = Duration::from_secs(15);
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    method: String,
-    route: String,
-    status: u16,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -56,15 +50,9 @@ struct OperationLabel {
     operation: &'static str,
 }
 
-/// Latency buckets from 250 µs to about 4 s.
-fn latency() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
-}
-
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    request_seconds: Family<RequestLabels, Histogram>,
+    pub requests: RequestMetrics,
     leases: Family<StateLabel, Counter>,
     gc_deleted: Counter,
     gc_reclaimed: Counter,
@@ -94,8 +82,7 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("unicas");
         let m = Metrics {
-            requests: Family::default(),
-            request_seconds: Family::new_with_constructor(latency),
+            requests: RequestMetrics::registered(&mut registry),
             leases: Family::default(),
             gc_deleted: Counter::default(),
             gc_reclaimed: Counter::default(),
@@ -115,16 +102,6 @@ impl Default for Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register(
-            "http_requests",
-            "HTTP requests by route and status",
-            m.requests.clone(),
-        );
-        r.register(
-            "http_request_duration_seconds",
-            "Time to answer, by route and status",
-            m.request_seconds.clone(),
-        );
         r.register("lease_outcomes", "Lease answers by state", m.leases.clone());
         r.register(
             "gc_deleted_nodes",
@@ -201,18 +178,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn request(&self, method: &str, route: &str, status: u16, took: Duration) {
-        let labels = RequestLabels {
-            method: method.to_string(),
-            route: route.to_string(),
-            status,
-        };
-        self.request_seconds
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
-        self.requests.get_or_create(&labels).inc();
-    }
-
     pub fn lease_outcome(&self, state: &str) {
         self.leases
             .get_or_create(&StateLabel {

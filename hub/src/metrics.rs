@@ -3,37 +3,22 @@
 //! backlog (root-ref deltas written down but not yet confirmed by the CAS), session records by
 //! status and the sandboxes this process runs. The counts are taken when scraped.
 
-use std::time::Duration;
-
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use server_kit::http_metrics::RequestMetrics;
 
 use crate::Hub;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    method: String,
-    route: String,
-    status: u16,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
     status: &'static str,
 }
 
-fn latency() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
-}
-
 pub struct HubMetrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    request_seconds: Family<RequestLabels, Histogram>,
+    pub requests: RequestMetrics,
     outbox_pending: Gauge,
     outbox_oldest: Gauge,
     sessions: Family<StatusLabel, Gauge>,
@@ -51,23 +36,12 @@ impl Default for HubMetrics {
         let mut registry = Registry::with_prefix("unicas_hub");
         let m = HubMetrics {
             registry: Registry::default(),
-            requests: Family::default(),
-            request_seconds: Family::new_with_constructor(latency),
+            requests: RequestMetrics::registered(&mut registry),
             outbox_pending: Gauge::default(),
             outbox_oldest: Gauge::default(),
             sessions: Family::default(),
             sandboxes: Gauge::default(),
         };
-        registry.register(
-            "http_requests",
-            "HTTP requests by route and status",
-            m.requests.clone(),
-        );
-        registry.register(
-            "http_request_duration_seconds",
-            "Time to answer, by route and status",
-            m.request_seconds.clone(),
-        );
         registry.register(
             "outbox_pending",
             "Root-ref deltas written down and not yet confirmed by the CAS",
@@ -85,20 +59,6 @@ impl Default for HubMetrics {
             m.sandboxes.clone(),
         );
         HubMetrics { registry, ..m }
-    }
-}
-
-impl HubMetrics {
-    pub fn request(&self, method: &str, route: &str, status: u16, took: Duration) {
-        let labels = RequestLabels {
-            method: method.to_string(),
-            route: route.to_string(),
-            status,
-        };
-        self.request_seconds
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
-        self.requests.get_or_create(&labels).inc();
     }
 }
 

@@ -1,12 +1,13 @@
 //! What both server programs (`unicas-server` and `unicas-hub`) stand on, and nothing of what
 //! either one does: SQL pools and write transactions on SQLite and Postgres ([`sql`]),
-//! many writes per durable commit ([`group_commit`]), where `/metrics` listens ([`listen`]), the
+//! many writes per durable commit ([`group_commit`]), where `/metrics` listens ([`listen`]) and what it counts of every answer ([`http_metrics`]), the
 //! checks every browser-facing listener makes ([`web_guard`]), failpoints for crash tests
 //! ([`failpoint`]) and the process runtime ([`runtime`]).
 #![forbid(unsafe_code)]
 
 pub mod failpoint;
 pub mod group_commit;
+pub mod http_metrics;
 pub mod listen;
 pub mod runtime;
 pub mod sql;

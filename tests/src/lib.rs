@@ -466,3 +466,18 @@ pub type Held = (Hash, Vec<Hash>);
 pub fn space(s: &str) -> SpaceId {
     s.parse().expect("space id")
 }
+
+/// The value of one series (its name with its labels, as `/metrics` prints them) in a scrape;
+/// NaN when the scrape does not have it.
+pub fn metric(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(f64::NAN)
+}

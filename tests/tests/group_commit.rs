@@ -215,11 +215,7 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
         .await?
         .text()
         .await?;
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(f64::NAN)
-    };
+    let value = |series: &str| metric(&text, series);
     let replays = (sent.answered.len() + sent.requests.len()) as f64;
     let operations = value("unicas_commit_batch_operations_sum");
     let commits = value("unicas_commit_batch_operations_count");

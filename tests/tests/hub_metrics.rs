@@ -5,18 +5,6 @@
 use tests::hub::*;
 use tests::*;
 
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(f64::NAN)
-}
-
 async fn the_hub_counts_what_it_serves(b: Backend) -> anyhow::Result<()> {
     let (_env, server, a, pid, _token) = alice_with_project(b).await?;
     for _ in 0..3 {
@@ -28,12 +16,12 @@ async fn the_hub_counts_what_it_serves(b: Backend) -> anyhow::Result<()> {
         .await?;
     let ok = r#"{method="GET",route="/api/v1/projects/{pid}",status="200"}"#;
     assert_eq!(
-        sample(&text, &format!("unicas_hub_http_requests_total{ok}")),
+        metric(&text, &format!("unicas_hub_http_requests_total{ok}")),
         3.0,
         "{text}"
     );
     assert_eq!(
-        sample(
+        metric(
             &text,
             &format!("unicas_hub_http_request_duration_seconds_count{ok}")
         ),
@@ -41,11 +29,11 @@ async fn the_hub_counts_what_it_serves(b: Backend) -> anyhow::Result<()> {
     );
     assert!(!text.contains(&pid), "route templates, never ids: {text}");
     // Nothing waits in the outbox once the project's root refs are confirmed.
-    assert_eq!(sample(&text, "unicas_hub_outbox_pending"), 0.0, "{text}");
-    assert_eq!(sample(&text, "unicas_hub_outbox_oldest_seconds"), 0.0);
+    assert_eq!(metric(&text, "unicas_hub_outbox_pending"), 0.0, "{text}");
+    assert_eq!(metric(&text, "unicas_hub_outbox_oldest_seconds"), 0.0);
     for status in ["starting", "running", "terminated", "failed", "expired"] {
         assert_eq!(
-            sample(
+            metric(
                 &text,
                 &format!("unicas_hub_sessions{{status=\"{status}\"}}")
             ),
@@ -53,7 +41,7 @@ async fn the_hub_counts_what_it_serves(b: Backend) -> anyhow::Result<()> {
             "{text}"
         );
     }
-    assert_eq!(sample(&text, "unicas_hub_sandboxes"), 0.0);
+    assert_eq!(metric(&text, "unicas_hub_sandboxes"), 0.0);
     Ok(())
 }
 

@@ -7,19 +7,6 @@ use std::time::Duration;
 use cas_format::Hash;
 use tests::*;
 
-/// The value of the sample `name` (the whole series, labels included) in a scrape.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(f64::NAN)
-}
-
 async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app("hub")?;
@@ -69,12 +56,12 @@ async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
         .await?;
     let root_refs = r#"{method="POST",route="/v1/cas/root-refs",status="200"}"#;
     assert_eq!(
-        sample(&text, &format!("unicas_http_requests_total{root_refs}")),
+        metric(&text, &format!("unicas_http_requests_total{root_refs}")),
         3.0,
         "{text}"
     );
     assert_eq!(
-        sample(
+        metric(
             &text,
             &format!("unicas_http_request_duration_seconds_count{root_refs}")
         ),
@@ -82,43 +69,43 @@ async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
     );
     let batch = r#"{method="POST",route="/v1/cas/leases",status="200"}"#;
     assert_eq!(
-        sample(&text, &format!("unicas_http_requests_total{batch}")),
+        metric(&text, &format!("unicas_http_requests_total{batch}")),
         1.0
     );
     // Writes: every batch begun is committed (nothing failed), and the commits hold at least
     // the three root-ref updates and the seven publications.
-    let commits = sample(&text, "unicas_commit_batch_operations_count");
-    let operations = sample(&text, "unicas_commit_batch_operations_sum");
+    let commits = metric(&text, "unicas_commit_batch_operations_count");
+    let operations = metric(&text, "unicas_commit_batch_operations_sum");
     assert!(
         commits >= 1.0 && operations >= 10.0 && operations >= commits,
         "{text}"
     );
     assert_eq!(
-        sample(&text, "unicas_commit_duration_seconds_count"),
+        metric(&text, "unicas_commit_duration_seconds_count"),
         commits
     );
-    assert_eq!(sample(&text, "unicas_commit_failures_total"), 0.0);
-    assert!(sample(&text, "unicas_gate_wait_seconds_count") >= operations);
-    let begun = sample(&text, "unicas_database_begin_wait_seconds_count");
-    assert!(begun >= commits && begun <= sample(&text, "unicas_gate_wait_seconds_count"));
+    assert_eq!(metric(&text, "unicas_commit_failures_total"), 0.0);
+    assert!(metric(&text, "unicas_gate_wait_seconds_count") >= operations);
+    let begun = metric(&text, "unicas_database_begin_wait_seconds_count");
+    assert!(begun >= commits && begun <= metric(&text, "unicas_gate_wait_seconds_count"));
     // The object store: one object written per published node, each timed.
-    let puts = sample(
+    let puts = metric(
         &text,
         r#"unicas_object_store_requests_total{operation="put",outcome="ok"}"#,
     );
     assert_eq!(puts, 7.0, "{text}");
     assert_eq!(
-        sample(
+        metric(
             &text,
             r#"unicas_object_store_duration_seconds_count{operation="put"}"#
         ),
         7.0
     );
     // What is outstanding: six running leases, one open upload slot, one node for GC.
-    assert_eq!(sample(&text, "unicas_leases_outstanding"), 6.0, "{text}");
-    assert_eq!(sample(&text, "unicas_upload_slots_outstanding"), 1.0);
-    assert_eq!(sample(&text, "unicas_gc_backlog_nodes"), 1.0);
-    assert!(sample(&text, "unicas_gc_lag_seconds") >= 0.0);
+    assert_eq!(metric(&text, "unicas_leases_outstanding"), 6.0, "{text}");
+    assert_eq!(metric(&text, "unicas_upload_slots_outstanding"), 1.0);
+    assert_eq!(metric(&text, "unicas_gc_backlog_nodes"), 1.0);
+    assert!(metric(&text, "unicas_gc_lag_seconds") >= 0.0);
     // Every family the published dashboard plots is served.
     let dashboard = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -151,7 +138,7 @@ async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
         .await?
         .text()
         .await?;
-    assert_eq!(sample(&text, "unicas_gc_deleted_nodes_total"), 1.0);
+    assert_eq!(metric(&text, "unicas_gc_deleted_nodes_total"), 1.0);
     Ok(())
 }
 

@@ -102,20 +102,7 @@ async fn metrics(State(svc): State<Service>) -> Response {
 
 /// Counts and times every answer by method, matched route and status.
 async fn count_requests(State(svc): State<Service>, req: Request, next: Next) -> Response {
-    let method = req.method().to_string();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let started = std::time::Instant::now();
-    let response = next.run(req).await;
-    svc.metrics.request(
-        &method,
-        &route,
-        response.status().as_u16(),
-        started.elapsed(),
-    );
-    response
+    svc.metrics.requests.track(req, next).await
 }
 
 /// A span per request carrying method, route, App, Space and hash.

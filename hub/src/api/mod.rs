@@ -202,20 +202,7 @@ async fn count_requests(
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let method = req.method().to_string();
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let started = std::time::Instant::now();
-    let response = next.run(req).await;
-    hub.metrics.request(
-        &method,
-        &route,
-        response.status().as_u16(),
-        started.elapsed(),
-    );
-    response
+    hub.metrics.requests.track(req, next).await
 }
 
 /// Refuses requests to a host the hub does not answer to, and changes requested by pages of
