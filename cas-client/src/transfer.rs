@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cas_format::archive::{ArchiveLimits, ArchiveReader, ArchiveSummary, ArchiveWriter};
-use cas_format::wire::LeaseResponse;
+use cas_format::wire::{LeaseResponse, MAX_BATCH_LEASES, MAX_INLINE_NODE_BYTES};
 use cas_format::{ContentType, Hash, NodeDescriptor, RequestId, SpaceId};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -339,26 +339,66 @@ impl AppCasClient {
             Ok::<(), ClientError>(())
         });
         let client = Arc::new(self.clone());
-        let mut in_flight: JoinSet<Result<(Hash, u64), ClientError>> = JoinSet::new();
+        // A task stores one node, or a batch of small ones (none a child of another).
+        let mut in_flight: JoinSet<Result<Vec<(Hash, u64)>, ClientError>> = JoinSet::new();
         let mut flying: HashSet<Hash> = HashSet::new();
         let (mut uploaded_nodes, mut uploaded_bytes, mut done) = (0u64, 0u64, 0u64);
-        let mut settle = |r: Result<Result<(Hash, u64), ClientError>, tokio::task::JoinError>,
-                          flying: &mut HashSet<Hash>| {
-            let (hash, n) =
-                r.map_err(|e| ClientError::Invalid(format!("an upload task failed: {e}")))??;
-            flying.remove(&hash);
-            done += 1;
-            if n > 0 {
-                uploaded_nodes += 1;
-                uploaded_bytes += n;
+        let mut settle =
+            |r: Result<Result<Vec<(Hash, u64)>, ClientError>, tokio::task::JoinError>,
+             flying: &mut HashSet<Hash>| {
+                let stored =
+                    r.map_err(|e| ClientError::Invalid(format!("an upload task failed: {e}")))??;
+                for (hash, n) in stored {
+                    flying.remove(&hash);
+                    done += 1;
+                    if n > 0 {
+                        uploaded_nodes += 1;
+                        uploaded_bytes += n;
+                    }
+                }
+                if let Some(p) = &progress {
+                    p(uploaded_bytes, done);
+                }
+                Ok::<(), ClientError>(())
+            };
+        let mut batch = SmallBatch::default();
+        loop {
+            let next = rx.recv().await;
+            // The batch goes when it is full, when a node needs one of its members, or at the
+            // end; a task goes once none of the children it needs is still in flight.
+            let flush = match &next {
+                Some((_, refs, bytes, _)) => {
+                    batch.is_full_for(bytes.len()) || refs.iter().any(|c| batch.hashes.contains(c))
+                }
+                None => true,
+            };
+            if flush && !batch.nodes.is_empty() {
+                let full = std::mem::take(&mut batch);
+                while in_flight.len() >= parallelism
+                    || full.children.iter().any(|c| flying.contains(c))
+                {
+                    if let Some(r) = in_flight.join_next().await {
+                        settle(r, &mut flying)?;
+                    }
+                }
+                flying.extend(full.hashes.iter().copied());
+                let (client, space) = (client.clone(), space.clone());
+                in_flight.spawn(async move {
+                    let nodes: Vec<(Hash, Bytes)> =
+                        full.nodes.iter().map(|(h, b, _)| (*h, b.clone())).collect();
+                    let uploaded = client.store_small_nodes(&space, &nodes, lease_ms).await?;
+                    drop(full);
+                    Ok(nodes.into_iter().map(|(h, _)| h).zip(uploaded).collect())
+                });
             }
-            if let Some(p) = &progress {
-                p(uploaded_bytes, done);
+            let Some((hash, refs, bytes, permit)) = next else {
+                break;
+            };
+            if bytes.len() as u64 <= MAX_INLINE_NODE_BYTES {
+                batch.push(hash, refs, bytes, permit);
+                continue;
             }
-            Ok::<(), ClientError>(())
-        };
-        while let Some((hash, refs, bytes, permit)) = rx.recv().await {
-            // A parent waits until none of its children is still in flight.
+            // A large node: on its own, lease, upload and lease.
             while in_flight.len() >= parallelism || refs.iter().any(|c| flying.contains(c)) {
                 if let Some(r) = in_flight.join_next().await {
                     settle(r, &mut flying)?;
@@ -371,7 +411,7 @@ impl AppCasClient {
                 drop((bytes, permit));
                 let r = r?;
                 match r.state {
-                    crate::store::Ensured::Ready { .. } => Ok((hash, r.uploaded_bytes)),
+                    crate::store::Ensured::Ready { .. } => Ok(vec![(hash, r.uploaded_bytes)]),
                     crate::store::Ensured::AwaitingChildren(missing) => Err(ClientError::Invalid(format!(
                         "node {hash} lost {} of its children to GC during the import (their leases ran out); run the import again",
                         missing.len()
@@ -386,5 +426,31 @@ impl AppCasClient {
             .await
             .map_err(|e| ClientError::Invalid(format!("the archive reader failed: {e}")))??;
         Ok((uploaded_nodes, uploaded_bytes))
+    }
+}
+
+/// Small nodes of an import gathered for one batch lease, with their budget permits.
+#[derive(Default)]
+struct SmallBatch {
+    nodes: Vec<(Hash, Bytes, OwnedSemaphorePermit)>,
+    hashes: HashSet<Hash>,
+    /// The children its members need ready first.
+    children: HashSet<Hash>,
+    bytes: usize,
+}
+
+impl SmallBatch {
+    /// Bytes of inline content one batch carries at most.
+    const MAX_BYTES: usize = 4 << 20;
+
+    fn is_full_for(&self, len: usize) -> bool {
+        self.nodes.len() >= MAX_BATCH_LEASES || self.bytes + len > Self::MAX_BYTES
+    }
+
+    fn push(&mut self, hash: Hash, refs: Vec<Hash>, bytes: Bytes, permit: OwnedSemaphorePermit) {
+        self.bytes += bytes.len();
+        self.hashes.insert(hash);
+        self.children.extend(refs);
+        self.nodes.push((hash, bytes, permit));
     }
 }
