@@ -9,6 +9,10 @@
 //!    through the node-by-node path (lease, PUT, lease).
 //!
 //! Whatever a batch does not settle is left to the node-by-node walk that follows.
+//!
+//! Imports, which meet their nodes children first in the archive, store their small nodes
+//! with `AppCasClient::store_small_nodes`: one batch lease finds what is missing, a second
+//! carries it inline.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
