@@ -131,11 +131,6 @@ impl GroupCommit {
         }
     }
 
-    /// Operations waiting for the key now.
-    pub fn waiting(&self) -> usize {
-        self.shared.waiting.load(Ordering::Relaxed)
-    }
-
     /// Nobody holds, waits for or has queued anything in this key (a map of keys may forget
     /// it).
     pub fn is_idle(&self) -> bool {

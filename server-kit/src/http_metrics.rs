@@ -4,8 +4,9 @@
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -80,4 +81,16 @@ impl RequestMetrics {
         );
         response
     }
+}
+
+/// A scrape's text as the answer of `/metrics` (the OpenMetrics text format).
+pub fn exposition(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
 }

@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::Backend;
-use crate::hub::{HubClient, HubEnv, HubServer};
+use crate::hub::{HubClient, HubEnv, HubServer, data};
 
 /// A notebook whose one cell shows `40 + 2`.
 pub const NOTEBOOK: &str = "import marimo\n\napp = marimo.App()\n\n\n@app.cell\ndef _():\n    x = 40 + 2\n    x\n    return (x,)\n\n\nif __name__ == \"__main__\":\n    app.run()\n";
@@ -162,6 +162,15 @@ pub async fn edit_sum(base: &str, sid: &str, token: &str, n: u32) -> anyhow::Res
 }
 
 /// The API path of a session.
+/// The `data` of a notebook's version listing.
+pub async fn versions(c: &HubClient, pid: &str, nid: &str) -> anyhow::Result<Value> {
+    Ok(data(
+        &c.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions"))
+            .await?,
+        200,
+    ))
+}
+
 pub fn session_path(pid: &str, nid: &str, sid: &str) -> String {
     format!("/api/v1/projects/{pid}/notebooks/{nid}/sessions/{sid}")
 }

@@ -203,6 +203,16 @@ async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
     }
     let one = serde_json::to_vec(&json!({"leases": [element(1)]}))?;
     assert_eq!(post(None, one.clone()).await?.status(), 401);
+    // A capability for Space `s` leases nothing in another Space.
+    let elsewhere = http
+        .post(&url)
+        .query(&[("appId", "hub"), ("spaceId", "other")])
+        .bearer_auth(&lease)
+        .header("content-type", "application/json")
+        .body(one.clone())
+        .send()
+        .await?;
+    assert_eq!(elsewhere.status(), 403);
     let read_only = app.token(&sp, &["cas:nodes:read"]);
     assert_eq!(post(Some(&read_only), one.clone()).await?.status(), 403);
     let unknown = serde_json::to_vec(&json!({"leases": [element(1)], "extra": 1}))?;

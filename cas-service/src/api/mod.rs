@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -90,14 +89,7 @@ async fn metrics(State(svc): State<Service>) -> Response {
             Err(e) => tracing::warn!(error = %e, "counting the backlog for /metrics failed"),
         }
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        )],
-        svc.metrics.render(),
-    )
-        .into_response()
+    server_kit::http_metrics::exposition(svc.metrics.render())
 }
 
 /// Counts and times every answer by method, matched route and status.

@@ -184,16 +184,7 @@ pub fn metrics_router(hub: Hub) -> Router {
 }
 
 async fn metrics(State(hub): State<Hub>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static(
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ),
-        )],
-        hub.render_metrics().await,
-    )
-        .into_response()
+    server_kit::http_metrics::exposition(hub.render_metrics().await)
 }
 
 /// Counts and times every answer by method, matched route and status.

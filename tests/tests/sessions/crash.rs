@@ -86,11 +86,7 @@ async fn a_killed_hub_loses_no_change_and_leaves_no_process(b: Backend) -> anyho
             .contains("40 + 31"),
         "the change made before the kill was lost"
     );
-    let versions = data(
-        &a.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions"))
-            .await?,
-        200,
-    );
+    let versions = versions(&a, &pid, &nid).await?;
     assert_eq!(versions["items"][0]["kind"], "session");
     // The editor is free again.
     let claim = data(

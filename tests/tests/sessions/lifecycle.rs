@@ -196,11 +196,7 @@ async fn apps_run_read_only(b: Backend) -> anyhow::Result<()> {
     );
     assert_eq!(claim["session_id"], serde_json::Value::Null);
     data(&a.delete(&session_path(&pid, &nid, &sid)).await?, 200);
-    let versions = data(
-        &a.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions"))
-            .await?,
-        200,
-    );
+    let versions = versions(&a, &pid, &nid).await?;
     assert_eq!(
         versions["items"].as_array().map(Vec::len),
         Some(1),
@@ -324,11 +320,7 @@ async fn changes_are_saved_while_the_session_runs(b: Backend) -> anyhow::Result<
     edit_sum(&server.url, &sid, &token, 18).await?;
     let ended = data(&a.delete(&path).await?, 200);
     assert_eq!(ended["base_revision"], 3, "{ended}");
-    let versions = data(
-        &a.get(&format!("/api/v1/projects/{pid}/notebooks/{nid}/versions"))
-            .await?,
-        200,
-    );
+    let versions = versions(&a, &pid, &nid).await?;
     assert_eq!(
         versions["items"].as_array().map(Vec::len),
         Some(3),
