@@ -6,9 +6,15 @@
 //! with a small leeway; one of its `grants` must select the query's `spaceId` and hold the exact
 //! permission; a suspended App is refused. The issuer registry is cached and fails closed
 //! when it cannot be refreshed for twice its cache time.
+//!
+//! Signature checks dominate the cost of a request that is otherwise a cached read, and a
+//! client sends the same capability many times: a token whose signature verified is
+//! remembered (by the SHA-256 of its text) together with the registry snapshot that verified
+//! it, and is trusted again only while that snapshot is current. Its times (`exp`, `nbf`,
+//! `iat`, lifetime) and its grants are checked on every request all the same.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
@@ -19,6 +25,7 @@ use cas_format::{AppId, SpaceId};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 use crate::meta::MetaStore;
@@ -58,12 +65,25 @@ struct Snapshot {
     by_issuer: HashMap<String, Arc<AppAuth>>,
 }
 
+/// How many verified tokens are remembered at most (the set is emptied when it is full).
+const VERIFIED_TOKENS: usize = 8192;
+
+/// A token whose signature verified, and under which App record.
+struct Verified {
+    issuer: String,
+    /// The registry's record of the App when the signature verified: the entry holds only
+    /// while the registry still serves this very record.
+    auth: Arc<AppAuth>,
+    claims: Arc<Claims>,
+}
+
 /// The cached issuer registry.
 pub struct Registry {
     meta: MetaStore,
     ttl: Duration,
     snapshot: RwLock<Option<Arc<Snapshot>>>,
     refresh: tokio::sync::Mutex<()>,
+    verified: Mutex<HashMap<[u8; 32], Verified>>,
 }
 
 impl Registry {
@@ -73,7 +93,48 @@ impl Registry {
             ttl,
             snapshot: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
+            verified: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Verified>> {
+        self.verified.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A token verified before under the record the registry serves now.
+    async fn recall(
+        &self,
+        digest: &[u8; 32],
+    ) -> Result<Option<(Arc<AppAuth>, Arc<Claims>)>, ApiError> {
+        let Some((issuer, auth, claims)) = self
+            .verified()
+            .get(digest)
+            .map(|v| (v.issuer.clone(), v.auth.clone(), v.claims.clone()))
+        else {
+            return Ok(None);
+        };
+        match self.lookup(&issuer).await? {
+            Some(current) if Arc::ptr_eq(&current, &auth) => Ok(Some((auth, claims))),
+            _ => {
+                self.verified().remove(digest);
+                Ok(None)
+            }
+        }
+    }
+
+    fn remember(&self, digest: [u8; 32], issuer: String, auth: Arc<AppAuth>, claims: Arc<Claims>) {
+        let mut verified = self.verified();
+        if verified.len() >= VERIFIED_TOKENS {
+            verified.clear();
+        }
+        verified.insert(
+            digest,
+            Verified {
+                issuer,
+                auth,
+                claims,
+            },
+        );
     }
 
     fn current(&self) -> Option<Arc<Snapshot>> {
@@ -86,6 +147,7 @@ impl Registry {
     /// Forces the next lookup to reload (after a change made by this process).
     pub fn invalidate(&self) {
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = None;
+        self.verified().clear();
     }
 
     async fn load(&self) -> Result<Snapshot, sqlx::Error> {
@@ -182,6 +244,8 @@ struct Claims {
     #[serde(default)]
     iat: Option<i64>,
     #[serde(default)]
+    nbf: Option<i64>,
+    #[serde(default)]
     grants: Vec<Grant>,
 }
 
@@ -264,6 +328,26 @@ pub async fn verify(
     options: VerifyOptions<'_>,
 ) -> Result<Capability, ApiError> {
     let token = bearer(headers)?;
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let (app_auth, claims) = match registry.recall(&digest).await? {
+        Some(known) => known,
+        None => {
+            let (issuer, app_auth, claims) = verify_signature(registry, token, options).await?;
+            let claims = Arc::new(claims);
+            registry.remember(digest, issuer, app_auth.clone(), claims.clone());
+            (app_auth, claims)
+        }
+    };
+    check_times(&claims, options)?;
+    authorize(&app_auth, &claims, app, space, permission)
+}
+
+/// Checks a token's signature, issuer and audience; its times are checked by [`check_times`].
+async fn verify_signature(
+    registry: &Registry,
+    token: &str,
+    options: VerifyOptions<'_>,
+) -> Result<(String, Arc<AppAuth>, Claims), ApiError> {
     let mut parts = token.split('.');
     let (Some(h), Some(c), Some(_sig), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -291,11 +375,10 @@ pub async fn verify(
     if *key_alg != alg {
         return Err(invalid("the algorithm does not match the key"));
     }
-    let leeway_s = options.leeway_s;
     let mut validation = Validation::new(alg);
     validation.set_audience(&[options.audience]);
     validation.set_issuer(&[issuer.as_str()]);
-    validation.leeway = leeway_s;
+    validation.leeway = options.leeway_s;
     validation.validate_nbf = true;
     validation.set_required_spec_claims(&["exp", "iss", "aud"]);
     let claims = jsonwebtoken::decode::<Claims>(token, key, &validation)
@@ -307,19 +390,45 @@ pub async fn verify(
             _ => invalid("cannot be verified"),
         })?
         .claims;
+    Ok((issuer, app_auth, claims))
+}
+
+/// The time bounds of a capability, checked on every use: `exp` and `nbf` with the leeway,
+/// no `iat` in the future, and no lifetime beyond the service's limit.
+fn check_times(claims: &Claims, options: VerifyOptions<'_>) -> Result<(), ApiError> {
+    let leeway_s = options.leeway_s as i64;
     let now = crate::now_ms() / 1000;
+    if claims.exp.saturating_add(leeway_s) < now {
+        return Err(invalid("expired"));
+    }
+    if let Some(nbf) = claims.nbf
+        && nbf > now + leeway_s
+    {
+        return Err(invalid("not valid yet"));
+    }
     if let Some(iat) = claims.iat
-        && iat > now + leeway_s as i64
+        && iat > now + leeway_s
     {
         return Err(invalid("issued in the future"));
     }
     if options.max_lifetime_s > 0 {
         let from = claims.iat.unwrap_or(now).min(now);
         let lifetime = claims.exp.saturating_sub(from);
-        if lifetime > (options.max_lifetime_s + leeway_s) as i64 {
+        if lifetime > options.max_lifetime_s as i64 + leeway_s {
             return Err(invalid("lives longer than the service accepts"));
         }
     }
+    Ok(())
+}
+
+/// Whether a verified capability allows `permission` on (app, space).
+fn authorize(
+    app_auth: &AppAuth,
+    claims: &Claims,
+    app: &AppId,
+    space: &SpaceId,
+    permission: &str,
+) -> Result<Capability, ApiError> {
     if app_auth.app_id != *app {
         return Err(ApiError::forbidden(
             "APP_MISMATCH",
@@ -344,6 +453,6 @@ pub async fn verify(
     Ok(Capability {
         app: app.clone(),
         space: space.clone(),
-        actor: claims.sub.unwrap_or(claims.iss),
+        actor: claims.sub.clone().unwrap_or_else(|| claims.iss.clone()),
     })
 }

@@ -58,6 +58,8 @@ pub struct ServiceState {
     /// Outbound HTTP (OpenID Connect providers).
     pub http: reqwest::Client,
     pub oidc: admin::OidcCache,
+    /// Root-ref updates waiting to be applied, by partition.
+    pub root_ref_queues: root_refs::RootRefQueues,
     /// The hosts the admin plane answers to.
     pub allowed_hosts: web_guard::AllowedHosts,
     public_url: String,
@@ -137,6 +139,7 @@ impl Service {
             app_limiter,
             http,
             oidc: admin::OidcCache::default(),
+            root_ref_queues: root_refs::RootRefQueues::default(),
             public_url,
         })))
     }

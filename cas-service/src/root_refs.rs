@@ -1,14 +1,92 @@
 //! Root-ref updates and balance pages: validation of the change set, the idempotency payload
-//! hash, and the revision-stable cursor.
+//! hash, the revision-stable cursor, and the queue that applies the updates of one partition
+//! together.
+//!
+//! Updates of one (App, Space) wait in that partition's queue; whoever gets its turn takes
+//! what is queued (up to [`MAX_QUEUED_UPDATES`] updates naming at most
+//! [`MAX_BATCH_HASHES`] hashes) and applies it in one operation of the partition's gate, in
+//! arrival order, each update with its own revision and its own answer. The turn passes on
+//! before the commit, so the next batch is prepared while this one is made durable, and the
+//! two usually share a commit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cas_format::wire::{RootRefItem, RootRefPage, RootRefUpdate, RootRefUpdateResponse};
-use cas_format::{AppId, Hash, SpaceId};
+use cas_format::{AppId, Hash, RequestId, SpaceId};
+use tokio::sync::{OwnedMutexGuard, oneshot};
 
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{BalanceCursor, RefFilter, RootRefRejection};
+use crate::meta::{BalanceCursor, MAX_BATCH_HASHES, RefFilter, RootRefChange, RootRefRejection};
 use crate::{Service, now_ms};
+
+/// How many queued updates one turn applies at most.
+pub const MAX_QUEUED_UPDATES: usize = 256;
+
+type Answer = ApiResult<RootRefUpdateResponse>;
+
+/// One update waiting in its partition's queue.
+struct Pending {
+    seq: u64,
+    request_id: RequestId,
+    changes: BTreeMap<Hash, i64>,
+    payload: Hash,
+    actor: String,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// The queue of one partition.
+#[derive(Default)]
+struct Queue {
+    pending: Mutex<VecDeque<Pending>>,
+    /// Held while a batch of this queue is taken and applied (not while it commits).
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Queue {
+    fn pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next batch: the oldest updates, within the limits (at least one).
+    fn take(&self) -> Vec<Pending> {
+        let mut pending = self.pending();
+        let mut hashes = 0;
+        let mut batch = Vec::new();
+        while let Some(next) = pending.front() {
+            let more = next.changes.len();
+            if !batch.is_empty()
+                && (batch.len() >= MAX_QUEUED_UPDATES || hashes + more > MAX_BATCH_HASHES)
+            {
+                break;
+            }
+            hashes += more;
+            batch.extend(pending.pop_front());
+        }
+        batch
+    }
+}
+
+/// The root-ref queues of every partition with updates under way.
+#[derive(Default)]
+pub struct RootRefQueues {
+    queues: Mutex<HashMap<(AppId, SpaceId), Arc<Queue>>>,
+    next_seq: AtomicU64,
+}
+
+impl RootRefQueues {
+    fn of(&self, app: &AppId, space: &SpaceId) -> Arc<Queue> {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        if queues.len() > 1024 {
+            queues.retain(|_, q| Arc::strong_count(q) > 1);
+        }
+        queues
+            .entry((app.clone(), space.clone()))
+            .or_default()
+            .clone()
+    }
+}
 
 pub use cas_format::wire::{MAX_CHANGES, MAX_DELTA};
 
@@ -93,7 +171,8 @@ pub fn decode_cursor(s: &str, with_space: bool) -> ApiResult<(i64, BalanceCursor
 }
 
 impl Service {
-    /// Applies (or replays) one root-ref update as `actor`.
+    /// Applies (or replays) one root-ref update as `actor`, together with whatever else is
+    /// queued for the partition.
     pub async fn update_root_refs(
         &self,
         app: &AppId,
@@ -102,23 +181,90 @@ impl Service {
         actor: &str,
     ) -> ApiResult<RootRefUpdateResponse> {
         let payload = check_changes(&update.changes.0)?;
-        let mut p = self.meta.gate(app, space).await?;
-        let result = p
-            .update_root_refs(
-                &update.request_id,
-                &update.changes.0,
-                &payload,
-                actor,
-                now_ms(),
-            )
-            .await?;
-        let (revision, idempotent) = result.map_err(rejection)?;
-        p.commit().await?;
-        Ok(RootRefUpdateResponse {
-            success: true,
-            idempotent,
-            revision: revision as u64,
-        })
+        let queue = self.root_ref_queues.of(app, space);
+        let seq = self
+            .root_ref_queues
+            .next_seq
+            .fetch_add(1, Ordering::Relaxed);
+        let (answer, answered) = oneshot::channel();
+        queue.pending().push_back(Pending {
+            seq,
+            request_id: update.request_id.clone(),
+            changes: update.changes.0.clone(),
+            payload,
+            actor: actor.to_string(),
+            answer,
+        });
+        loop {
+            let turn = queue.turn.clone().lock_owned().await;
+            let batch = queue.take();
+            // Empty: a turn before this one took the update and answers it.
+            if batch.is_empty() {
+                break;
+            }
+            let mine = batch.iter().any(|p| p.seq == seq);
+            // In a task of its own: the batch is applied and answered even if this request
+            // goes away meanwhile.
+            let (svc, app, space) = (self.clone(), app.clone(), space.clone());
+            let applied =
+                tokio::spawn(async move { svc.apply_root_refs(&app, &space, batch, turn).await });
+            let _ = applied.await;
+            if mine {
+                break;
+            }
+        }
+        answered
+            .await
+            .unwrap_or_else(|_| Err(ApiError::unavailable("the update was interrupted; retry")))
+    }
+
+    /// Applies one batch of queued updates and answers each of them; gives up the turn once
+    /// the batch is applied, before it commits.
+    async fn apply_root_refs(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        batch: Vec<Pending>,
+        turn: OwnedMutexGuard<()>,
+    ) {
+        let applied = async {
+            let mut p = self.meta.gate(app, space).await?;
+            let changes: Vec<RootRefChange<'_>> = batch
+                .iter()
+                .map(|u| RootRefChange {
+                    request_id: &u.request_id,
+                    changes: &u.changes,
+                    payload_hash: &u.payload,
+                    actor: &u.actor,
+                })
+                .collect();
+            let outcomes = p.update_root_refs_many(&changes, now_ms()).await?;
+            Ok::<_, ApiError>((p, outcomes))
+        }
+        .await;
+        drop(turn);
+        let (p, outcomes) = match applied {
+            Ok(done) => done,
+            Err(e) => {
+                for u in batch {
+                    let _ = u.answer.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let committed = p.commit().await.map_err(ApiError::from);
+        for (u, outcome) in batch.into_iter().zip(outcomes) {
+            let answer = match (outcome, &committed) {
+                (Err(r), _) => Err(rejection(r)),
+                (Ok(_), Err(e)) => Err(e.clone()),
+                (Ok((revision, idempotent)), Ok(())) => Ok(RootRefUpdateResponse {
+                    success: true,
+                    idempotent,
+                    revision: revision as u64,
+                }),
+            };
+            let _ = u.answer.send(answer);
+        }
     }
 
     /// One page of a Space's balances, stable at the revision of the first page.

@@ -53,7 +53,9 @@ async fn storage_touched(env: &TestEnv) -> anyhow::Result<(i64, i64, i64)> {
 }
 
 async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
+    let mut env = TestEnv::new(b).await?;
+    // No leeway, so that a token's expiry can be waited for.
+    env.set("UNICAS_AUTH_LEEWAY_S", 0);
     let hub = env.create_app("hub")?;
     let other = env.create_app("other")?;
     let server = env.start()?;
@@ -218,10 +220,15 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
         "no refused request touched storage"
     );
 
+    // One token used before and after each change: a capability the server verified once is
+    // remembered, and must stop working all the same.
+    let kept = hub.token(&space("s"), lease);
+    assert_eq!(send(Some(kept.clone()), "hub", "s").await?.status(), 200);
+    let touched = storage_touched(&env).await?;
     // Suspension, through the operator command; the registry cache picks it up.
     env.cli(&["app", "suspend", "hub"])?;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let r = send(Some(hub.token(&space("s"), lease)), "hub", "s").await?;
+    let r = send(Some(kept.clone()), "hub", "s").await?;
     assert_eq!(r.status(), 403);
     assert_eq!(r.json::<Value>().await?["error"], "APP_SUSPENDED");
     let read = reqwest::Client::new()
@@ -231,16 +238,30 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
         .send()
         .await?;
     assert_eq!(read.status(), 403, "every data-plane call is denied");
-    assert_eq!(storage_touched(&env).await?, (0, 0, 0));
+    assert_eq!(storage_touched(&env).await?, touched);
     env.cli(&["app", "resume", "hub"])?;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let r = send(Some(hub.token(&space("s"), lease)), "hub", "s").await?;
+    let r = send(Some(kept.clone()), "hub", "s").await?;
     assert_eq!(r.status(), 200);
 
-    // A revoked key stops working.
+    // A remembered token expires on time: `exp` one second ahead (no leeway here).
+    let mut brief = claims(&hub, "s", lease);
+    brief["exp"] = json!(now() + 1);
+    let brief = sign(Algorithm::EdDSA, &hub.kid, &key, &brief);
+    assert_eq!(send(Some(brief.clone()), "hub", "s").await?.status(), 200);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let r = send(Some(brief), "hub", "s").await?;
+    assert_eq!(
+        r.status(),
+        401,
+        "an expired token the server verified before"
+    );
+    assert_eq!(r.json::<Value>().await?["error"], "invalid_token");
+
+    // A revoked key stops working, for a token verified with it before too.
     env.cli(&["app", "revoke-key", "hub", "--kid", &hub.kid])?;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let r = send(Some(hub.token(&space("s"), lease)), "hub", "s").await?;
+    let r = send(Some(kept), "hub", "s").await?;
     assert_eq!(r.json::<Value>().await?["error"], "invalid_token");
     Ok(())
 }

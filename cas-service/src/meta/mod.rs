@@ -46,7 +46,10 @@ pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Backlog, Marked, RetiringGeneration};
 pub use generations::{Evidence, GenState, Generation, TargetKind};
 pub use nodes::{FinalizeOutcome, NodeRow};
-pub use root_refs::{BalanceCursor, RefFilter, RootRefEvent, RootRefRejection};
+pub use root_refs::{
+    BalanceCursor, MAX_BATCH_HASHES, RefFilter, RootRefChange, RootRefEvent, RootRefOutcome,
+    RootRefRejection,
+};
 pub use usage::UsageDelta;
 
 pub use server_kit::sql::Dialect;

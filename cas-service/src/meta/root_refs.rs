@@ -2,7 +2,7 @@
 //! counts, event, versioned balance projection), and reads of balances and events at one
 //! revision.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cas_format::{AppId, Hash, RequestId, SpaceId};
 use sqlx::Row;
@@ -58,6 +58,31 @@ pub struct BalanceCursor {
     pub hash: Hash,
 }
 
+/// One root-ref update of a batch that [`Partition::update_root_refs_many`] applies together.
+#[derive(Debug, Clone, Copy)]
+pub struct RootRefChange<'a> {
+    pub request_id: &'a RequestId,
+    pub changes: &'a BTreeMap<Hash, i64>,
+    pub payload_hash: &'a Hash,
+    pub actor: &'a str,
+}
+
+/// What became of one update: `(revision, idempotent)`, or why it was refused.
+pub type RootRefOutcome = Result<(i64, bool), RootRefRejection>;
+
+/// An update accepted in memory, numbered 1.. within its batch until the batch's revisions
+/// are known.
+enum Planned {
+    Done(RootRefOutcome),
+    /// Applied as the batch's `k`-th new revision.
+    Applied(i64),
+    /// A replay of the batch's `k`-th new revision.
+    Replayed(i64),
+}
+
+/// How many hashes one combined statement names at most (both databases bind far more).
+pub const MAX_BATCH_HASHES: usize = 4000;
+
 impl Partition {
     /// Applies one root-ref update, or replays it. Returns `(revision, idempotent)`.
     pub async fn update_root_refs(
@@ -67,81 +92,73 @@ impl Partition {
         payload_hash: &Hash,
         actor: &str,
         now: i64,
-    ) -> Result<Result<(i64, bool), RootRefRejection>, sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        if let Some(row) = sqlx::query(
-            "SELECT payload_hash, revision FROM root_ref_requests \
-             WHERE app_id = $1 AND space_id = $2 AND request_id = $3",
-        )
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(request_id.as_str())
-        .fetch_optional(&mut **self.tx())
-        .await?
-        {
-            let stored: Vec<u8> = row.try_get("payload_hash")?;
-            let revision: i64 = row.try_get("revision")?;
-            return Ok(if stored == payload_hash.as_bytes() {
-                Ok((revision, true))
-            } else {
-                Err(RootRefRejection::IdempotencyConflict)
-            });
-        }
-        // Up to 1000 changes: a handful of statements, not a few per hash.
-        let hashes: Vec<Hash> = changes.keys().copied().collect();
-        let current: BTreeMap<Hash, (i64, bool)> = {
-            let sql = format!(
-                "SELECT hash, root_ref_count, collecting_since FROM nodes \
-                 WHERE app_id = $1 AND space_id = $2 AND hash IN ({})",
-                placeholders(3, hashes.len())
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(app.as_str())
-                .bind(space.as_str());
-            for h in &hashes {
-                q = q.bind(hb(h));
-            }
-            q.fetch_all(&mut **self.tx())
-                .await?
-                .iter()
-                .map(|r| {
-                    let collecting: Option<i64> = r.try_get("collecting_since")?;
-                    Ok((
-                        hash_col(r, "hash")?,
-                        (r.try_get("root_ref_count")?, collecting.is_none()),
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()?
+    ) -> Result<RootRefOutcome, sqlx::Error> {
+        let change = RootRefChange {
+            request_id,
+            changes,
+            payload_hash,
+            actor,
         };
-        let mut results = Vec::with_capacity(changes.len());
-        for (hash, delta) in changes {
-            let Some((count, ready)) = current.get(hash).copied() else {
-                return Ok(Err(RootRefRejection::UnknownNode(*hash)));
-            };
-            if *delta > 0 && !ready {
-                return Ok(Err(RootRefRejection::NotReady(*hash)));
-            }
-            let result = count + delta;
-            if result < 0 {
-                return Ok(Err(RootRefRejection::Negative {
-                    hash: *hash,
-                    result,
-                }));
-            }
-            if result > MAX_ROOT_REF_COUNT {
-                return Ok(Err(RootRefRejection::Overflow(*hash)));
-            }
-            results.push((*hash, result));
+        let mut outcomes = self.update_root_refs_many(&[change], now).await?;
+        Ok(outcomes
+            .pop()
+            .unwrap_or(Err(RootRefRejection::IdempotencyConflict)))
+    }
+
+    /// Applies (or replays) several updates in order, each with a revision of its own, in a
+    /// handful of statements whatever their number: each is checked against the counts the
+    /// ones before it left, and one that is refused changes nothing and does not stop the
+    /// others. The changes together name at most [`MAX_BATCH_HASHES`] hashes.
+    pub async fn update_root_refs_many(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+        now: i64,
+    ) -> Result<Vec<RootRefOutcome>, sqlx::Error> {
+        if updates.is_empty() {
+            return Ok(Vec::new());
         }
-        let revision: i64 = sqlx::query(
-            "UPDATE apps SET revision = revision + 1 WHERE app_id = $1 RETURNING revision",
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let earlier = self.earlier_requests(updates).await?;
+        let counts = self.current_counts(updates).await?;
+        let (planned, steps) = plan(updates, &earlier, counts);
+        let accepted = steps.len() as i64;
+        let finish = |planned: Vec<Planned>, base: i64| -> Vec<RootRefOutcome> {
+            planned
+                .into_iter()
+                .map(|p| match p {
+                    Planned::Done(o) => o,
+                    Planned::Applied(k) => Ok((base + k, false)),
+                    Planned::Replayed(k) => Ok((base + k, true)),
+                })
+                .collect()
+        };
+        if accepted == 0 {
+            // Only replays and refusals: nothing to write.
+            return Ok(finish(planned, 0));
+        }
+        let last: i64 = sqlx::query(
+            "UPDATE apps SET revision = revision + $2 WHERE app_id = $1 RETURNING revision",
         )
         .bind(app.as_str())
+        .bind(accepted)
         .fetch_one(&mut **self.tx())
         .await?
         .try_get("revision")?;
-        // The new counts (absolute: the gate is held), from a VALUES list.
-        let values = (0..results.len())
+        let base = last - accepted;
+        // The final counts (absolute: the gate is held), from a VALUES list.
+        let mut finals: BTreeMap<Hash, i64> = BTreeMap::new();
+        // Each hash's balance history in this batch: (revision, count after it).
+        let mut history: BTreeMap<Hash, Vec<(i64, i64)>> = BTreeMap::new();
+        for (k, step) in steps.iter().enumerate() {
+            for (hash, count) in &step.results {
+                finals.insert(*hash, *count);
+                history
+                    .entry(*hash)
+                    .or_default()
+                    .push((base + 1 + k as i64, *count));
+            }
+        }
+        let values = (0..finals.len())
             .map(|i| format!("(${}, ${})", 3 + 2 * i, 4 + 2 * i))
             .collect::<Vec<_>>()
             .join(", ");
@@ -151,66 +168,248 @@ impl Partition {
         )))
         .bind(app.as_str())
         .bind(space.as_str());
-        for (hash, count) in &results {
+        for (hash, count) in &finals {
             q = q.bind(hb(hash)).bind(*count);
         }
         q.execute(&mut **self.tx()).await?;
+        // The open balance of each hash closes at the first revision that changes it.
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE root_ref_balances SET revision_to = $3 WHERE app_id = $1 AND space_id = $2 \
-             AND revision_to IS NULL AND hash IN ({})",
-            placeholders(4, hashes.len())
+            "UPDATE root_ref_balances SET revision_to = v.column2 FROM (VALUES {values}) AS v \
+             WHERE root_ref_balances.app_id = $1 AND root_ref_balances.space_id = $2 \
+             AND root_ref_balances.revision_to IS NULL AND root_ref_balances.hash = v.column1"
         )))
         .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(revision);
-        for h in &hashes {
-            q = q.bind(hb(h));
+        .bind(space.as_str());
+        for (hash, revisions) in &history {
+            q = q.bind(hb(hash)).bind(revisions[0].0);
         }
         q.execute(&mut **self.tx()).await?;
-        let positive: Vec<&(Hash, i64)> = results.iter().filter(|(_, c)| *c > 0).collect();
-        if !positive.is_empty() {
-            let values = (0..positive.len())
-                .map(|i| format!("($1, $2, ${}, ${}, $3)", 4 + 2 * i, 5 + 2 * i))
+        // Then one row per positive count, open until the next revision that changes it.
+        let rows: Vec<(&Hash, i64, i64, Option<i64>)> = history
+            .iter()
+            .flat_map(|(hash, revisions)| {
+                revisions
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(i, (from, count))| {
+                        let to = revisions.get(i + 1).map(|(next, _)| *next);
+                        (*count > 0).then_some((hash, *count, *from, to))
+                    })
+            })
+            .collect();
+        if !rows.is_empty() {
+            let values = (0..rows.len())
+                .map(|i| {
+                    let n = 3 + 4 * i;
+                    format!("($1, $2, ${n}, ${}, ${}, ${})", n + 1, n + 2, n + 3)
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO root_ref_balances (app_id, space_id, hash, ref_count, revision_from) VALUES {values}"
+                "INSERT INTO root_ref_balances \
+                 (app_id, space_id, hash, ref_count, revision_from, revision_to) VALUES {values}"
             )))
             .bind(app.as_str())
-            .bind(space.as_str())
-            .bind(revision);
-            for (hash, count) in positive {
-                q = q.bind(hb(hash)).bind(*count);
+            .bind(space.as_str());
+            for (hash, count, from, to) in rows {
+                q = q.bind(hb(hash)).bind(count).bind(from).bind(to);
             }
             q.execute(&mut **self.tx()).await?;
         }
-        let changes_json = serde_json::to_string(changes).unwrap_or_else(|_| "{}".to_string());
-        sqlx::query(
-            "INSERT INTO root_ref_events (app_id, revision, space_id, request_id, changes, actor, applied_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
+        let values = (0..steps.len())
+            .map(|i| {
+                let n = 4 + 4 * i;
+                format!("($1, ${n}, $2, ${}, ${}, ${}, $3)", n + 1, n + 2, n + 3)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO root_ref_events \
+             (app_id, revision, space_id, request_id, changes, actor, applied_at) VALUES {values}"
+        )))
         .bind(app.as_str())
-        .bind(revision)
         .bind(space.as_str())
-        .bind(request_id.as_str())
-        .bind(changes_json)
-        .bind(actor)
-        .bind(now)
-        .execute(&mut **self.tx())
-        .await?;
-        sqlx::query(
+        .bind(now);
+        for (k, step) in steps.iter().enumerate() {
+            let u = &updates[step.update];
+            let changes_json =
+                serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
+            q = q
+                .bind(base + 1 + k as i64)
+                .bind(u.request_id.as_str())
+                .bind(changes_json)
+                .bind(u.actor);
+        }
+        q.execute(&mut **self.tx()).await?;
+        let values = (0..steps.len())
+            .map(|i| {
+                let n = 3 + 3 * i;
+                format!("($1, $2, ${n}, ${}, ${})", n + 1, n + 2)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO root_ref_requests (app_id, space_id, request_id, payload_hash, revision) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
+             VALUES {values}"
+        )))
         .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(request_id.as_str())
-        .bind(hb(payload_hash))
-        .bind(revision)
-        .execute(&mut **self.tx())
-        .await?;
-        Ok(Ok((revision, false)))
+        .bind(space.as_str());
+        for (k, step) in steps.iter().enumerate() {
+            let u = &updates[step.update];
+            q = q
+                .bind(u.request_id.as_str())
+                .bind(hb(u.payload_hash))
+                .bind(base + 1 + k as i64);
+        }
+        q.execute(&mut **self.tx()).await?;
+        Ok(finish(planned, base))
     }
+
+    /// The requests of this partition among the updates' ids that were applied before:
+    /// request id to (payload hash, revision).
+    async fn earlier_requests(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+    ) -> Result<HashMap<String, (Vec<u8>, i64)>, sqlx::Error> {
+        let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
+        let sql = format!(
+            "SELECT request_id, payload_hash, revision FROM root_ref_requests \
+             WHERE app_id = $1 AND space_id = $2 AND request_id IN ({})",
+            placeholders(3, ids.len())
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(self.app.as_str().to_string())
+            .bind(self.space.as_str().to_string());
+        for id in ids {
+            q = q.bind(id.to_string());
+        }
+        q.fetch_all(&mut **self.tx())
+            .await?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("request_id")?,
+                    (r.try_get("payload_hash")?, r.try_get("revision")?),
+                ))
+            })
+            .collect()
+    }
+
+    /// The root ref count of every node the updates name, and whether it is ready (not being
+    /// collected). Nodes that do not exist are absent.
+    async fn current_counts(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+    ) -> Result<HashMap<Hash, (i64, bool)>, sqlx::Error> {
+        let hashes: BTreeSet<Hash> = updates
+            .iter()
+            .flat_map(|u| u.changes.keys().copied())
+            .collect();
+        let sql = format!(
+            "SELECT hash, root_ref_count, collecting_since FROM nodes \
+             WHERE app_id = $1 AND space_id = $2 AND hash IN ({})",
+            placeholders(3, hashes.len())
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(self.app.as_str().to_string())
+            .bind(self.space.as_str().to_string());
+        for h in &hashes {
+            q = q.bind(hb(h));
+        }
+        q.fetch_all(&mut **self.tx())
+            .await?
+            .iter()
+            .map(|r| {
+                let collecting: Option<i64> = r.try_get("collecting_since")?;
+                Ok((
+                    hash_col(r, "hash")?,
+                    (r.try_get("root_ref_count")?, collecting.is_none()),
+                ))
+            })
+            .collect()
+    }
+}
+
+/// An accepted update: which one, and the counts it leaves.
+struct Step {
+    update: usize,
+    results: Vec<(Hash, i64)>,
+}
+
+/// Decides every update in order against the running counts: replays (of earlier requests or
+/// of one earlier in the batch), refusals, and the accepted steps in revision order.
+fn plan(
+    updates: &[RootRefChange<'_>],
+    earlier: &HashMap<String, (Vec<u8>, i64)>,
+    mut counts: HashMap<Hash, (i64, bool)>,
+) -> (Vec<Planned>, Vec<Step>) {
+    let mut steps: Vec<Step> = Vec::new();
+    // Request ids accepted in this batch: payload hash and step number (1..).
+    let mut in_batch: HashMap<&str, (&Hash, i64)> = HashMap::new();
+    let planned = updates
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let id = u.request_id.as_str();
+            if let Some((stored, revision)) = earlier.get(id) {
+                return Planned::Done(if stored.as_slice() == u.payload_hash.as_bytes() {
+                    Ok((*revision, true))
+                } else {
+                    Err(RootRefRejection::IdempotencyConflict)
+                });
+            }
+            if let Some((payload, k)) = in_batch.get(id) {
+                return if *payload == u.payload_hash {
+                    Planned::Replayed(*k)
+                } else {
+                    Planned::Done(Err(RootRefRejection::IdempotencyConflict))
+                };
+            }
+            match check(u.changes, &counts) {
+                Err(rejection) => Planned::Done(Err(rejection)),
+                Ok(results) => {
+                    for (hash, count) in &results {
+                        if let Some(c) = counts.get_mut(hash) {
+                            c.0 = *count;
+                        }
+                    }
+                    steps.push(Step { update: i, results });
+                    let k = steps.len() as i64;
+                    in_batch.insert(id, (u.payload_hash, k));
+                    Planned::Applied(k)
+                }
+            }
+        })
+        .collect();
+    (planned, steps)
+}
+
+/// The counts one update leaves, or why it is refused.
+fn check(
+    changes: &BTreeMap<Hash, i64>,
+    counts: &HashMap<Hash, (i64, bool)>,
+) -> Result<Vec<(Hash, i64)>, RootRefRejection> {
+    let mut results = Vec::with_capacity(changes.len());
+    for (hash, delta) in changes {
+        let Some((count, ready)) = counts.get(hash).copied() else {
+            return Err(RootRefRejection::UnknownNode(*hash));
+        };
+        if *delta > 0 && !ready {
+            return Err(RootRefRejection::NotReady(*hash));
+        }
+        let result = count + delta;
+        if result < 0 {
+            return Err(RootRefRejection::Negative {
+                hash: *hash,
+                result,
+            });
+        }
+        if result > MAX_ROOT_REF_COUNT {
+            return Err(RootRefRejection::Overflow(*hash));
+        }
+        results.push((*hash, result));
+    }
+    Ok(results)
 }
 
 fn event_from_row(r: &sqlx::any::AnyRow) -> Result<RootRefEvent, sqlx::Error> {

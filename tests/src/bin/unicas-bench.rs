@@ -84,12 +84,58 @@ fn name(b: Backend) -> &'static str {
     }
 }
 
+/// The server's commit counters (from `/metrics`) at one moment.
+#[derive(Debug, Default, Clone, Copy)]
+struct Commits {
+    batches: f64,
+    operations: f64,
+    seconds: f64,
+    gate_waits: f64,
+    gate_wait_seconds: f64,
+}
+
+impl Commits {
+    async fn read(http: &reqwest::Client, server: &str) -> anyhow::Result<Self> {
+        let text = http
+            .get(format!("{server}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        Ok(Commits {
+            batches: value("unicas_commit_batch_operations_count"),
+            operations: value("unicas_commit_batch_operations_sum"),
+            seconds: value("unicas_commit_duration_seconds_sum"),
+            gate_waits: value("unicas_gate_wait_seconds_count"),
+            gate_wait_seconds: value("unicas_gate_wait_seconds_sum"),
+        })
+    }
+
+    /// What happened between `before` and `self`, as one line.
+    fn since(&self, before: &Commits) -> String {
+        let batches = (self.batches - before.batches).max(1.0);
+        let waits = (self.gate_waits - before.gate_waits).max(1.0);
+        format!(
+            "{:.1} operations a commit, {:.2} ms a commit, {:.2} ms mean wait for the gate",
+            (self.operations - before.operations) / batches,
+            (self.seconds - before.seconds) * 1e3 / batches,
+            (self.gate_wait_seconds - before.gate_wait_seconds) * 1e3 / waits,
+        )
+    }
+}
+
 #[derive(Debug, Default)]
 struct Figures {
     healthz: f64,
     renewals: f64,
     extensions: f64,
     root_refs: f64,
+    root_ref_commits: String,
     uploads: f64,
     batched_uploads: f64,
     gc_deletions: f64,
@@ -113,6 +159,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     let mut f = Figures::default();
 
     let http = reqwest::Client::new();
+    let metrics = http.clone();
     let url = format!("{}/healthz", server.url);
     f.healthz = throughput(move |_| {
         let (http, url) = (http.clone(), url.clone());
@@ -177,6 +224,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         }
         f.extensions = short.len() as f64 / start.elapsed().as_secs_f64();
     }
+    let before = Commits::read(&metrics, &server.url).await?;
     {
         let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
         f.root_refs = throughput(move |i| {
@@ -193,6 +241,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         })
         .await?;
     }
+    f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
     {
         let (client, sp) = (client.clone(), sp.clone());
         f.uploads = throughput(move |i| {
@@ -475,6 +524,9 @@ async fn main() -> anyhow::Result<()> {
                 "  {what:<44} {v:>9.0} /s   {:.3} of baseline",
                 v / f.healthz
             );
+            if what.starts_with("root-ref") {
+                println!("    {}", f.root_ref_commits);
+            }
         }
         println!("  {:<44} {:>9.0} /s", "GC deletions", f.gc_deletions);
         println!(
