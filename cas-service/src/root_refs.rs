@@ -68,6 +68,18 @@ impl Queue {
     }
 }
 
+/// Withdraws its update from the queue when dropped, unless a turn has taken it.
+struct Queued {
+    queue: Arc<Queue>,
+    seq: u64,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queue.pending().retain(|p| p.seq != self.seq);
+    }
+}
+
 /// The root-ref queues of every partition with updates under way.
 #[derive(Default)]
 pub struct RootRefQueues {
@@ -195,6 +207,12 @@ impl Service {
             actor: actor.to_string(),
             answer,
         });
+        // A request that goes away before its update is taken withdraws it: an update is
+        // applied while its client waits, or not at all.
+        let _queued = Queued {
+            queue: queue.clone(),
+            seq,
+        };
         loop {
             let turn = queue.turn.clone().lock_owned().await;
             let batch = queue.take();

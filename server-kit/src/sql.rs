@@ -230,7 +230,23 @@ impl SqlPool {
         migrator
             .run(&self.pool)
             .await
-            .context("database migration failed")
+            .context("database migration failed")?;
+        if self.dialect == Dialect::Postgres {
+            let autovacuum: Option<String> =
+                sqlx::query_scalar("SELECT current_setting('autovacuum')")
+                    .fetch_optional(&self.pool)
+                    .await
+                    .ok()
+                    .flatten();
+            if autovacuum.as_deref() == Some("off") {
+                tracing::warn!(
+                    "PostgreSQL runs with autovacuum off: without statistics the planner may \
+                     scan a whole partition for one row, and updated rows leave dead versions \
+                     behind; turn it on, or ANALYZE and VACUUM the database regularly"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// A write transaction.
