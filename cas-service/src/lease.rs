@@ -154,7 +154,7 @@ impl Service {
         ))
     }
 
-    fn outcome(&self, r: LeaseResponse) -> LeaseResponse {
+    pub(crate) fn outcome(&self, r: LeaseResponse) -> LeaseResponse {
         self.metrics.lease_outcome(r.state());
         r
     }
@@ -228,7 +228,7 @@ impl Service {
     }
 
     /// Creates an upload generation (refusing beyond the Space's limit).
-    async fn new_generation(
+    pub(crate) async fn new_generation(
         &self,
         p: &mut Partition,
         hash: &Hash,

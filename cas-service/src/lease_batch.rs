@@ -1,11 +1,15 @@
 //! Batch leases: up to [`MAX_BATCH_LEASES`] leases in one request, each answered as the single
-//! lease would be (or with its own error), in order. A small node may travel inline: its
-//! portable bytes are staged as an upload of the lease's generation and published by the same
-//! element, so a small new node costs one element of one request.
+//! lease would be (or with its own error), in order. A small node may travel inline, so that a
+//! small new node costs one element of one request.
 //!
-//! Elements run concurrently; their partition operations meet in the metadata store's batch
-//! commits ([`server_kit::group_commit`]), so a batch costs a few durable commits, not one per
-//! element.
+//! Inline nodes are published together: their bytes are validated in memory first, then one
+//! partition operation extends the leases of those already stored and records a validated
+//! upload generation for each new one, their objects are written, and a second operation
+//! publishes them all (children before parents). Whatever does not fit that path (an upload
+//! already under way for the hash, bytes that are not a valid node, a generation retired
+//! meanwhile) and every element without inline bytes is leased one by one, concurrently; those
+//! partition operations meet in the metadata store's batch commits
+//! ([`server_kit::group_commit`]).
 
 use axum::http::StatusCode;
 use base64::Engine;
@@ -17,9 +21,12 @@ use cas_format::wire::{
 use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
-use crate::Service;
+use crate::blob::{Encoding, node_key};
 use crate::error::{ApiError, ApiResult};
-use crate::meta::GenState;
+use crate::lease::lease_window;
+use crate::materialize::MaterializeError;
+use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation};
+use crate::{Service, now_ms};
 
 /// Elements of one batch in flight at once.
 const ELEMENT_CONCURRENCY: usize = 32;
@@ -69,6 +76,28 @@ fn inline_too_large() -> ApiError {
     )
 }
 
+/// An inline node whose bytes proved valid, on its way to being published with the others.
+struct Inline {
+    index: usize,
+    element: BatchLeaseElement,
+    evidence: Evidence,
+    canonical_len: u64,
+}
+
+/// An inline node with its validated generation and, once written, its object.
+struct Staged {
+    node: Inline,
+    generation: Generation,
+    object: Option<(Encoding, u64)>,
+}
+
+fn error_result(e: ApiError) -> BatchLeaseResult {
+    BatchLeaseResult::Error(ErrorBody {
+        error: e.code.to_string(),
+        message: e.message,
+    })
+}
+
 impl Service {
     /// Leases every element; one result per element, in order.
     pub async fn lease_batch(
@@ -77,19 +106,326 @@ impl Service {
         space: &SpaceId,
         elements: Vec<BatchLeaseElement>,
     ) -> Vec<BatchLeaseResult> {
-        futures_util::stream::iter(elements)
-            .map(|e| async move {
+        let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
+        // Validate inline bytes first, concurrently; the rest goes one by one.
+        let checked: Vec<(usize, BatchLeaseElement, Option<ApiResult<Inline>>)> =
+            futures_util::stream::iter(elements.into_iter().enumerate())
+                .map(|(index, e)| async move {
+                    if e.content.is_none() {
+                        return (index, e, None);
+                    }
+                    let checked = self.check_inline(index, &e).await.transpose();
+                    (index, e, checked)
+                })
+                .buffered(ELEMENT_CONCURRENCY)
+                .collect()
+                .await;
+        let mut one_by_one = Vec::new();
+        let mut inline = Vec::new();
+        for (index, e, checked) in checked {
+            match checked {
+                Some(Ok(node)) => inline.push(node),
+                Some(Err(e)) => results[index] = Some(error_result(e)),
+                None => one_by_one.push((index, e)),
+            }
+        }
+        for (index, answer) in self
+            .publish_inline(app, space, inline, &mut one_by_one)
+            .await
+        {
+            results[index] = Some(match answer {
+                Ok(r) => BatchLeaseResult::Lease(self.outcome(r)),
+                Err(e) => error_result(e),
+            });
+        }
+        let singles: Vec<(usize, BatchLeaseResult)> = futures_util::stream::iter(one_by_one)
+            .map(|(index, e)| async move {
                 match self.lease_element(app, space, e).await {
-                    Ok(r) => BatchLeaseResult::Lease(r),
-                    Err(e) => BatchLeaseResult::Error(ErrorBody {
-                        error: e.code.to_string(),
-                        message: e.message,
-                    }),
+                    Ok(r) => (index, BatchLeaseResult::Lease(r)),
+                    Err(e) => (index, error_result(e)),
                 }
             })
-            .buffered(ELEMENT_CONCURRENCY)
+            .buffer_unordered(ELEMENT_CONCURRENCY)
             .collect()
+            .await;
+        for (index, r) in singles {
+            results[index] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| error_result(ApiError::unavailable("not leased; retry"))))
+            .collect()
+    }
+
+    /// Validates an element's inline bytes in memory. `None`: not valid as a node, so the
+    /// element is leased one by one (which answers with the rejection, as for an upload).
+    async fn check_inline(&self, index: usize, e: &BatchLeaseElement) -> ApiResult<Option<Inline>> {
+        let Some(content) = &e.content else {
+            return Ok(None);
+        };
+        let bytes = inline_bytes(&e.hash, content)?;
+        let _permit = self
+            .validations
+            .acquire()
             .await
+            .map_err(|_| ApiError::unavailable("shutting down"))?;
+        match self.validate(&bytes[..], bytes.len() as u64, &e.hash).await {
+            // The spool is not kept: the bytes are in memory, and written once it is known
+            // that the node is new.
+            Ok(spooled) => Ok(Some(Inline {
+                index,
+                element: e.clone(),
+                evidence: spooled.evidence,
+                canonical_len: spooled.canonical_len,
+            })),
+            Err(MaterializeError::Failed(e)) => Err(e),
+            Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),
+        }
+    }
+
+    /// Publishes validated inline nodes in two partition operations; answers each by index.
+    /// Nodes this path cannot take are appended to `one_by_one`.
+    async fn publish_inline(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        inline: Vec<Inline>,
+        one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
+    ) -> Vec<(usize, ApiResult<LeaseResponse>)> {
+        if inline.is_empty() {
+            return Vec::new();
+        }
+        let indices: Vec<usize> = inline.iter().map(|n| n.index).collect();
+        let mut answers = Vec::new();
+        let staged = match self
+            .begin_inline(app, space, inline, &mut answers, one_by_one)
+            .await
+        {
+            Ok(staged) => staged,
+            Err(e) => return indices.into_iter().map(|i| (i, Err(e.clone()))).collect(),
+        };
+        // Objects first, concurrently.
+        let staged: Vec<Staged> = futures_util::stream::iter(staged)
+            .map(|mut s| async move {
+                match self.write_inline(app, space, &s).await {
+                    Ok(object) => s.object = Some(object),
+                    Err(e) => tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written"),
+                }
+                s
+            })
+            .buffer_unordered(ELEMENT_CONCURRENCY)
+            .collect()
+            .await;
+        let (written, failed): (Vec<Staged>, Vec<Staged>) =
+            staged.into_iter().partition(|s| s.object.is_some());
+        for s in failed {
+            answers.push((
+                s.node.index,
+                Err(ApiError::storage_unavailable(
+                    "writing an object",
+                    "the object store refused an inline node",
+                )),
+            ));
+        }
+        // Rows second, in one operation.
+        match self.finish_inline(app, space, written, one_by_one).await {
+            Ok(done) => answers.extend(done),
+            Err((indices, e)) => answers.extend(indices.into_iter().map(|i| (i, Err(e.clone())))),
+        }
+        answers
+    }
+
+    /// The first operation: extends the leases of nodes already stored and records a validated
+    /// generation for each new one.
+    async fn begin_inline(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        inline: Vec<Inline>,
+        answers: &mut Vec<(usize, ApiResult<LeaseResponse>)>,
+        one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
+    ) -> ApiResult<Vec<Staged>> {
+        let now = now_ms();
+        let mut p = self.meta.gate(app, space).await?;
+        let mut staged = Vec::new();
+        for node in inline {
+            let hash = node.element.hash;
+            let duration = self.config.clamp_lease(node.element.lease_duration_ms) as i64;
+            if let Some(row) = p.node(&hash).await?
+                && row.is_ready()
+            {
+                let (started, expires) =
+                    lease_window(row.lease_started_at, row.lease_expires_at, now, duration);
+                if (started, expires) != (row.lease_started_at, row.lease_expires_at) {
+                    p.set_lease(&hash, started, expires).await?;
+                }
+                answers.push((
+                    node.index,
+                    Ok(LeaseResponse::Ready {
+                        hash,
+                        lease_started_at: started,
+                        lease_expires_at: expires,
+                    }),
+                ));
+                continue;
+            }
+            if p.active_generation(&hash).await?.is_some() {
+                one_by_one.push((node.index, node.element));
+                continue;
+            }
+            let generation = match self
+                .new_generation(&mut p, &hash, now, Some(node.canonical_len))
+                .await
+            {
+                Ok(g) => g,
+                Err(e) => {
+                    answers.push((node.index, Err(e)));
+                    continue;
+                }
+            };
+            p.record_evidence(
+                &generation,
+                &node.evidence,
+                node.canonical_len as i64,
+                now + self.config.upload_ttl_ms as i64,
+            )
+            .await?;
+            staged.push(Staged {
+                node,
+                generation,
+                object: None,
+            });
+        }
+        p.commit().await?;
+        Ok(staged)
+    }
+
+    /// Writes an inline node's object at its generation's key.
+    async fn write_inline(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        s: &Staged,
+    ) -> ApiResult<(Encoding, u64)> {
+        let content = s.node.element.content.as_deref().unwrap_or_default();
+        let bytes = inline_bytes(&s.node.element.hash, content)?;
+        let spooled = self
+            .validate(&bytes[..], bytes.len() as u64, &s.node.element.hash)
+            .await
+            .map_err(|e| match e {
+                MaterializeError::Failed(e) => e,
+                _ => ApiError::internal("revalidating an inline node", "it no longer validates"),
+            })?;
+        let key = node_key(app, space, &s.generation.hash, &s.generation.gen_id);
+        self.write_object(&key, spooled.spool, spooled.evidence.content_size as u64)
+            .await
+    }
+
+    /// The second operation: publishes every written node, children before parents. On a
+    /// failure, the indices it concerns and the error.
+    async fn finish_inline(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        written: Vec<Staged>,
+        one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
+    ) -> Result<Vec<(usize, ApiResult<LeaseResponse>)>, (Vec<usize>, ApiError)> {
+        let indices: Vec<usize> = written.iter().map(|s| s.node.index).collect();
+        let failed = |e: ApiError| (indices.clone(), e);
+        let now = now_ms();
+        let mut p = self
+            .meta
+            .gate(app, space)
+            .await
+            .map_err(|e| failed(e.into()))?;
+        let mut answers = Vec::new();
+        let mut retired = Vec::new();
+        let mut remaining = written;
+        loop {
+            let mut waiting = Vec::new();
+            let before = remaining.len();
+            for s in remaining {
+                let (encoding, stored) = s.object.unwrap_or((Encoding::Identity, 0));
+                let duration = self.config.clamp_lease(s.node.element.lease_duration_ms) as i64;
+                let outcome = p
+                    .finalize(
+                        &s.generation,
+                        &s.node.evidence,
+                        encoding,
+                        stored as i64,
+                        now,
+                        duration,
+                    )
+                    .await
+                    .map_err(|e| failed(e.into()))?;
+                let hash = s.generation.hash;
+                match outcome {
+                    FinalizeOutcome::Published { started, expires }
+                    | FinalizeOutcome::AlreadyReady { started, expires } => answers.push((
+                        s.node.index,
+                        Ok(LeaseResponse::Ready {
+                            hash,
+                            lease_started_at: started,
+                            lease_expires_at: expires,
+                        }),
+                    )),
+                    FinalizeOutcome::MissingChildren(missing) => waiting.push((s, missing)),
+                    FinalizeOutcome::GenerationGone => retired.push(s),
+                }
+            }
+            if waiting.is_empty() || waiting.len() == before {
+                // Done, or no child among the waiting ones arrived in this batch: they wait
+                // for their children with their bytes staged, as an upload would.
+                p.commit().await.map_err(|e| failed(e.into()))?;
+                for (s, missing) in waiting {
+                    answers.push((
+                        s.node.index,
+                        self.stage_waiting(app, space, &s, missing).await,
+                    ));
+                }
+                break;
+            }
+            remaining = waiting.into_iter().map(|(s, _)| s).collect();
+        }
+        // GC retired these generations while their objects were written: the objects are ours
+        // to remove, and the elements start over one by one.
+        for s in retired {
+            let key = node_key(app, space, &s.generation.hash, &s.generation.gen_id);
+            if let Err(e) = self.blobs.delete(&key).await {
+                tracing::warn!(error = %e, "could not delete the object of a retired upload");
+            }
+            one_by_one.push((s.node.index, s.node.element));
+        }
+        Ok(answers)
+    }
+
+    /// Stages the bytes of a validated inline node whose children are missing, so that the
+    /// lease that follows them publishes it.
+    async fn stage_waiting(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        s: &Staged,
+        missing: Vec<Hash>,
+    ) -> ApiResult<LeaseResponse> {
+        let content = s.node.element.content.as_deref().unwrap_or_default();
+        let bytes = inline_bytes(&s.node.element.hash, content)?;
+        let body = Box::pin(futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(bytes)
+        }));
+        match self
+            .staging()
+            .store(app, space, &s.generation, body, MAX_INLINE_NODE_BYTES)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.code == "UPLOAD_ALREADY_STORED" => {}
+            Err(e) => return Err(e),
+        }
+        Ok(LeaseResponse::ValidatedAwaitingChildren {
+            hash: s.generation.hash,
+            child_hashes: missing,
+        })
     }
 
     async fn lease_element(

@@ -76,11 +76,22 @@ impl Service {
         space: &SpaceId,
         g: &Generation,
     ) -> Result<Spooled, MaterializeError> {
-        let max = self.config.node_max_bytes;
-        let (mut reader, len) = match self.staging().open(app, space, g).await? {
+        let (reader, len) = match self.staging().open(app, space, g).await? {
             Some(found) => found,
             None => return Err(MaterializeError::NotUploaded),
         };
+        self.validate(reader, len, &g.hash).await
+    }
+
+    /// Streams `len` portable bytes of the node `hash` through the validator, spooling the own
+    /// content.
+    pub(crate) async fn validate(
+        &self,
+        mut reader: impl tokio::io::AsyncRead + Unpin,
+        len: u64,
+        hash: &cas_format::Hash,
+    ) -> Result<Spooled, MaterializeError> {
+        let max = self.config.node_max_bytes;
         if len > max {
             return Err(rejection(
                 "NODE_TOO_LARGE",
@@ -142,7 +153,7 @@ impl Service {
             .map_err(|e| ApiError::internal("writing a spool file", e))?;
         drop(file);
         let (descriptor, _) = validator
-            .finish(Some(&g.hash))
+            .finish(Some(hash))
             .map_err(|e| node_rejection(&e))?;
         if descriptor.content_type.is_svalue() {
             let content = svalue_content.unwrap_or_default();
