@@ -1,9 +1,10 @@
 //! Group commit: many operations share one durable commit, and nothing of that is visible.
 //!
 //! - A failing operation in a batch is rolled back alone; the others of its batch commit.
-//! - The server SIGKILLed while many writers' batches commit: after a restart every answered
-//!   request is there, and every request is there whole or not at all (replaying every one of
-//!   them applies each exactly once).
+//! - The server SIGKILLed while many writers' batches commit (root-ref updates, single leases
+//!   and batch leases of inline nodes): after a restart every answered request is there, every
+//!   node answered ready reads back whole, and every request is there whole or not at all
+//!   (replaying every one of them applies each exactly once).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -147,6 +148,42 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
                         sent.lock().unwrap().stored.push((h, content));
                         continue;
                     }
+                    if w % 4 == 1 {
+                        // Eight new small nodes inline in one batch lease.
+                        let nodes: Vec<(Hash, String, bytes::Bytes)> = (0..8)
+                            .map(|k| {
+                                let content = format!("batch {round} {w} {n} {k}");
+                                let (h, bytes) = leaf(content.as_bytes());
+                                (h, content, bytes)
+                            })
+                            .collect();
+                        let elements = nodes
+                            .iter()
+                            .map(|(h, _, bytes)| cas_format::wire::BatchLeaseElement {
+                                hash: *h,
+                                lease_duration_ms: 3_600_000,
+                                upload_bytes: None,
+                                content: Some(base64::Engine::encode(
+                                    &base64::engine::general_purpose::STANDARD,
+                                    bytes,
+                                )),
+                            })
+                            .collect();
+                        let Ok(results) = client.lease_batch(&sp, elements).await else {
+                            return;
+                        };
+                        for ((h, content, _), r) in nodes.into_iter().zip(results) {
+                            if matches!(
+                                r,
+                                cas_format::wire::BatchLeaseResult::Lease(
+                                    cas_format::wire::LeaseResponse::Ready { .. }
+                                )
+                            ) {
+                                sent.lock().unwrap().stored.push((h, content));
+                            }
+                        }
+                        continue;
+                    }
                     let id = format!("r{round}-w{w}-n{n}");
                     let k = (w * 7 + n * 3) as usize;
                     let changes: BTreeMap<Hash, i64> = (0..3)
@@ -207,6 +244,10 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
     assert_eq!(got, expected, "each request applied exactly once");
     // Every node answered ready is still ready and whole.
     assert!(!sent.stored.is_empty());
+    assert!(
+        sent.stored.iter().any(|(_, c)| c.starts_with("batch")),
+        "batch leases stored nodes before the kills"
+    );
     for (h, content) in &sent.stored {
         assert_eq!(&client.read_node(&sp, h).await?[..], content.as_bytes());
     }
