@@ -30,6 +30,10 @@ use crate::{Service, now_ms};
 
 /// Elements of one batch in flight at once.
 const ELEMENT_CONCURRENCY: usize = 32;
+/// Inline nodes published by one pair of partition operations.
+const INLINE_GROUP: usize = 32;
+/// Groups of inline nodes of one batch under way at once.
+const INLINE_GROUPS_AT_ONCE: usize = 4;
 
 /// Refuses a batch as a whole: empty or too long.
 pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
@@ -80,6 +84,8 @@ fn inline_too_large() -> ApiError {
 struct Inline {
     index: usize,
     element: BatchLeaseElement,
+    /// The portable bytes, decoded.
+    bytes: Bytes,
     evidence: Evidence,
     canonical_len: u64,
 }
@@ -90,6 +96,9 @@ struct Staged {
     generation: Generation,
     object: Option<(Encoding, u64)>,
 }
+
+/// Answers to some elements of a batch, by index.
+type Answers = Vec<(usize, ApiResult<LeaseResponse>)>;
 
 fn error_result(e: ApiError) -> BatchLeaseResult {
     BatchLeaseResult::Error(ErrorBody {
@@ -129,14 +138,31 @@ impl Service {
                 None => one_by_one.push((index, e)),
             }
         }
-        for (index, answer) in self
-            .publish_inline(app, space, inline, &mut one_by_one)
-            .await
-        {
-            results[index] = Some(match answer {
-                Ok(r) => BatchLeaseResult::Lease(self.outcome(r)),
-                Err(e) => error_result(e),
-            });
+        // In groups, several at once: one group's objects are written while another's rows
+        // are.
+        let mut groups = Vec::new();
+        while !inline.is_empty() {
+            let rest = inline.split_off(inline.len().min(INLINE_GROUP));
+            groups.push(std::mem::replace(&mut inline, rest));
+        }
+        let published: Vec<(Answers, Vec<(usize, BatchLeaseElement)>)> =
+            futures_util::stream::iter(groups)
+                .map(|group| async move {
+                    let mut fallback = Vec::new();
+                    let answers = self.publish_inline(app, space, group, &mut fallback).await;
+                    (answers, fallback)
+                })
+                .buffer_unordered(INLINE_GROUPS_AT_ONCE)
+                .collect()
+                .await;
+        for (answers, fallback) in published {
+            one_by_one.extend(fallback);
+            for (index, answer) in answers {
+                results[index] = Some(match answer {
+                    Ok(r) => BatchLeaseResult::Lease(self.outcome(r)),
+                    Err(e) => error_result(e),
+                });
+            }
         }
         let singles: Vec<(usize, BatchLeaseResult)> = futures_util::stream::iter(one_by_one)
             .map(|(index, e)| async move {
@@ -175,6 +201,7 @@ impl Service {
             Ok(spooled) => Ok(Some(Inline {
                 index,
                 element: e.clone(),
+                bytes: bytes.clone(),
                 evidence: spooled.evidence,
                 canonical_len: spooled.canonical_len,
             })),
@@ -191,7 +218,7 @@ impl Service {
         space: &SpaceId,
         inline: Vec<Inline>,
         one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
-    ) -> Vec<(usize, ApiResult<LeaseResponse>)> {
+    ) -> Answers {
         if inline.is_empty() {
             return Vec::new();
         }
@@ -307,8 +334,7 @@ impl Service {
         space: &SpaceId,
         s: &Staged,
     ) -> ApiResult<(Encoding, u64)> {
-        let content = s.node.element.content.as_deref().unwrap_or_default();
-        let bytes = inline_bytes(&s.node.element.hash, content)?;
+        let bytes = &s.node.bytes;
         let spooled = self
             .validate(&bytes[..], bytes.len() as u64, &s.node.element.hash)
             .await
@@ -408,8 +434,7 @@ impl Service {
         s: &Staged,
         missing: Vec<Hash>,
     ) -> ApiResult<LeaseResponse> {
-        let content = s.node.element.content.as_deref().unwrap_or_default();
-        let bytes = inline_bytes(&s.node.element.hash, content)?;
+        let bytes = s.node.bytes.clone();
         let body = Box::pin(futures_util::stream::once(async move {
             Ok::<_, std::io::Error>(bytes)
         }));
