@@ -12,7 +12,7 @@ use cas_format::{AppId, Hash, SpaceId};
 use crate::blob::{node_key, upload_key};
 use crate::error::{ApiError, ApiResult};
 use crate::materialize::MaterializeError;
-use crate::meta::{FinalizeOutcome, GenState, Generation, Partition, TargetKind};
+use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Partition, TargetKind};
 use crate::{Service, failpoint, now_ms};
 
 /// What the begin step decided.
@@ -227,6 +227,19 @@ impl Service {
         }
     }
 
+    /// Records that a generation's bytes are valid; its slot lasts another upload TTL.
+    pub(crate) async fn record_validated(
+        &self,
+        p: &mut Partition,
+        g: &Generation,
+        evidence: &Evidence,
+        canonical_len: u64,
+    ) -> Result<(), sqlx::Error> {
+        let expires = now_ms() + self.config.upload_ttl_ms as i64;
+        p.record_evidence(g, evidence, canonical_len as i64, expires)
+            .await
+    }
+
     /// Creates an upload generation (refusing beyond the Space's limit).
     pub(crate) async fn new_generation(
         &self,
@@ -319,7 +332,6 @@ impl Service {
 
         // Record the evidence and check the children under the gate.
         {
-            let now = now_ms();
             let mut p = self.meta.gate(app, space).await?;
             let Some(current) = p.generation(&g.gen_id).await? else {
                 return Ok(None);
@@ -334,13 +346,8 @@ impl Service {
                 return Ok(None);
             }
             if current.state == GenState::AwaitingUpload {
-                p.record_evidence(
-                    &current,
-                    &spooled.evidence,
-                    spooled.canonical_len as i64,
-                    now + self.config.upload_ttl_ms as i64,
-                )
-                .await?;
+                self.record_validated(&mut p, &current, &spooled.evidence, spooled.canonical_len)
+                    .await?;
             }
             let missing = p.missing_children(&spooled.evidence.refs).await?;
             p.commit().await?;

@@ -310,13 +310,8 @@ impl Service {
                     continue;
                 }
             };
-            p.record_evidence(
-                &generation,
-                &node.evidence,
-                node.canonical_len as i64,
-                now + self.config.upload_ttl_ms as i64,
-            )
-            .await?;
+            self.record_validated(&mut p, &generation, &node.evidence, node.canonical_len)
+                .await?;
             staged.push(Staged {
                 node,
                 generation,

@@ -132,6 +132,25 @@ pub(crate) fn hash_col(row: &AnyRow, col: &str) -> Result<Hash, sqlx::Error> {
     })
 }
 
+/// `rows` tuples of a VALUES list, comma-separated: tuple `i` gets the `width` numbered
+/// placeholders from `$first + width * i`, and `row` places them among the fixed ones.
+pub(crate) fn value_rows(
+    first: usize,
+    width: usize,
+    rows: usize,
+    row: impl Fn(&[String]) -> String,
+) -> String {
+    (0..rows)
+        .map(|i| {
+            let own: Vec<String> = (0..width)
+                .map(|k| format!("${}", first + width * i + k))
+                .collect();
+            row(&own)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `n` numbered placeholders starting at `$first`, comma-separated.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n)

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use cas_format::{AppId, Hash, RequestId, SpaceId};
 use sqlx::Row;
 
-use super::{MetaStore, Partition, hash_col, hb, id_col, placeholders};
+use super::{MetaStore, Partition, hash_col, hb, id_col, placeholders, value_rows};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
 pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
@@ -158,10 +158,7 @@ impl Partition {
                     .push((base + 1 + k as i64, *count));
             }
         }
-        let values = (0..finals.len())
-            .map(|i| format!("(${}, ${})", 3 + 2 * i, 4 + 2 * i))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = value_rows(3, 2, finals.len(), |p| format!("({})", p.join(", ")));
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE nodes SET root_ref_count = v.column2 FROM (VALUES {values}) AS v \
              WHERE nodes.app_id = $1 AND nodes.space_id = $2 AND nodes.hash = v.column1"
@@ -198,13 +195,7 @@ impl Partition {
             })
             .collect();
         if !rows.is_empty() {
-            let values = (0..rows.len())
-                .map(|i| {
-                    let n = 3 + 4 * i;
-                    format!("($1, $2, ${n}, ${}, ${}, ${})", n + 1, n + 2, n + 3)
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
+            let values = value_rows(3, 4, rows.len(), |p| format!("($1, $2, {})", p.join(", ")));
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO root_ref_balances \
                  (app_id, space_id, hash, ref_count, revision_from, revision_to) VALUES {values}"
@@ -216,13 +207,9 @@ impl Partition {
             }
             q.execute(&mut **self.tx()).await?;
         }
-        let values = (0..steps.len())
-            .map(|i| {
-                let n = 4 + 4 * i;
-                format!("($1, ${n}, $2, ${}, ${}, ${}, $3)", n + 1, n + 2, n + 3)
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = value_rows(4, 4, steps.len(), |p| {
+            format!("($1, {}, $2, {}, {}, {}, $3)", p[0], p[1], p[2], p[3])
+        });
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO root_ref_events \
              (app_id, revision, space_id, request_id, changes, actor, applied_at) VALUES {values}"
@@ -241,13 +228,7 @@ impl Partition {
                 .bind(u.actor);
         }
         q.execute(&mut **self.tx()).await?;
-        let values = (0..steps.len())
-            .map(|i| {
-                let n = 3 + 3 * i;
-                format!("($1, $2, ${n}, ${}, ${})", n + 1, n + 2)
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = value_rows(3, 3, steps.len(), |p| format!("($1, $2, {})", p.join(", ")));
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO root_ref_requests (app_id, space_id, request_id, payload_hash, revision) \
              VALUES {values}"
