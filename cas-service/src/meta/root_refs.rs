@@ -246,6 +246,30 @@ impl Partition {
         Ok(finish(planned, base))
     }
 
+    /// The rows that `select` (a `SELECT … FROM table`) finds in this partition whose
+    /// `column` is one of `keys`.
+    async fn rows_in<T>(
+        &mut self,
+        select: &str,
+        column: &str,
+        keys: Vec<T>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, sqlx::Error>
+    where
+        T: for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + Send + 'static,
+    {
+        let sql = format!(
+            "{select} WHERE app_id = $1 AND space_id = $2 AND {column} IN ({})",
+            placeholders(3, keys.len())
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(self.app.as_str().to_string())
+            .bind(self.space.as_str().to_string());
+        for key in keys {
+            q = q.bind(key);
+        }
+        q.fetch_all(&mut **self.tx()).await
+    }
+
     /// The requests of this partition among the updates' ids that were applied before:
     /// request id to (payload hash, revision).
     async fn earlier_requests(
@@ -253,27 +277,20 @@ impl Partition {
         updates: &[RootRefChange<'_>],
     ) -> Result<HashMap<String, (Vec<u8>, i64)>, sqlx::Error> {
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
-        let sql = format!(
-            "SELECT request_id, payload_hash, revision FROM root_ref_requests \
-             WHERE app_id = $1 AND space_id = $2 AND request_id IN ({})",
-            placeholders(3, ids.len())
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(self.app.as_str().to_string())
-            .bind(self.space.as_str().to_string());
-        for id in ids {
-            q = q.bind(id.to_string());
-        }
-        q.fetch_all(&mut **self.tx())
-            .await?
-            .iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("request_id")?,
-                    (r.try_get("payload_hash")?, r.try_get("revision")?),
-                ))
-            })
-            .collect()
+        self.rows_in(
+            "SELECT request_id, payload_hash, revision FROM root_ref_requests",
+            "request_id",
+            ids.into_iter().map(str::to_string).collect(),
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok((
+                r.try_get("request_id")?,
+                (r.try_get("payload_hash")?, r.try_get("revision")?),
+            ))
+        })
+        .collect()
     }
 
     /// The root ref count of every node the updates name, and whether it is ready (not being
@@ -286,28 +303,21 @@ impl Partition {
             .iter()
             .flat_map(|u| u.changes.keys().copied())
             .collect();
-        let sql = format!(
-            "SELECT hash, root_ref_count, collecting_since FROM nodes \
-             WHERE app_id = $1 AND space_id = $2 AND hash IN ({})",
-            placeholders(3, hashes.len())
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(self.app.as_str().to_string())
-            .bind(self.space.as_str().to_string());
-        for h in &hashes {
-            q = q.bind(hb(h));
-        }
-        q.fetch_all(&mut **self.tx())
-            .await?
-            .iter()
-            .map(|r| {
-                let collecting: Option<i64> = r.try_get("collecting_since")?;
-                Ok((
-                    hash_col(r, "hash")?,
-                    (r.try_get("root_ref_count")?, collecting.is_none()),
-                ))
-            })
-            .collect()
+        self.rows_in(
+            "SELECT hash, root_ref_count, collecting_since FROM nodes",
+            "hash",
+            hashes.iter().map(hb).collect(),
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            let collecting: Option<i64> = r.try_get("collecting_since")?;
+            Ok((
+                hash_col(r, "hash")?,
+                (r.try_get("root_ref_count")?, collecting.is_none()),
+            ))
+        })
+        .collect()
     }
 }
 
