@@ -195,15 +195,18 @@ impl Service {
             .acquire()
             .await
             .map_err(|_| ApiError::unavailable("shutting down"))?;
-        match self.validate(&bytes[..], bytes.len() as u64, &e.hash).await {
-            // The spool is not kept: the bytes are in memory, and written once it is known
-            // that the node is new.
-            Ok(spooled) => Ok(Some(Inline {
+        // Nothing is spooled yet: the bytes are in memory, and are written once it is known
+        // that the node is new.
+        let validated = self
+            .validate_into(&bytes[..], bytes.len() as u64, &e.hash, tokio::io::sink())
+            .await;
+        match validated {
+            Ok((evidence, canonical_len)) => Ok(Some(Inline {
                 index,
                 element: e.clone(),
                 bytes: bytes.clone(),
-                evidence: spooled.evidence,
-                canonical_len: spooled.canonical_len,
+                evidence,
+                canonical_len,
             })),
             Err(MaterializeError::Failed(e)) => Err(e),
             Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),

@@ -87,10 +87,38 @@ impl Service {
     /// content.
     pub(crate) async fn validate(
         &self,
-        mut reader: impl tokio::io::AsyncRead + Unpin,
+        reader: impl tokio::io::AsyncRead + Unpin,
         len: u64,
         hash: &cas_format::Hash,
     ) -> Result<Spooled, MaterializeError> {
+        let spool = self
+            .blobs
+            .spool()
+            .file("content-")
+            .await
+            .map_err(|e| ApiError::blob("spooling an upload", e))?;
+        let file = tokio::fs::File::from_std(
+            spool
+                .handle()
+                .map_err(|e| ApiError::internal("opening a spool file", e))?,
+        );
+        let (evidence, canonical_len) = self.validate_into(reader, len, hash, file).await?;
+        Ok(Spooled {
+            evidence,
+            canonical_len,
+            spool,
+        })
+    }
+
+    /// Streams `len` portable bytes of the node `hash` through the validator, writing the own
+    /// content to `sink`; answers the evidence and the portable length.
+    pub(crate) async fn validate_into(
+        &self,
+        mut reader: impl tokio::io::AsyncRead + Unpin,
+        len: u64,
+        hash: &cas_format::Hash,
+        mut file: impl tokio::io::AsyncWrite + Unpin,
+    ) -> Result<(Evidence, u64), MaterializeError> {
         let max = self.config.node_max_bytes;
         if len > max {
             return Err(rejection(
@@ -98,17 +126,6 @@ impl Service {
                 format!("the upload holds {len} bytes; the limit is {max}"),
             ));
         }
-        let spool = self
-            .blobs
-            .spool()
-            .file("content-")
-            .await
-            .map_err(|e| ApiError::blob("spooling an upload", e))?;
-        let mut file = tokio::fs::File::from_std(
-            spool
-                .handle()
-                .map_err(|e| ApiError::internal("opening a spool file", e))?,
-        );
         let mut validator = NodeStreamValidator::new(self.node_limits());
         let svalue_limits = SValueLimits {
             max_bytes: max,
@@ -175,15 +192,14 @@ impl Service {
             refs,
             content_size,
         } = descriptor;
-        Ok(Spooled {
-            evidence: Evidence {
+        Ok((
+            Evidence {
                 content_type: content_type.as_str().to_string(),
                 content_size: content_size as i64,
                 refs,
             },
-            canonical_len: total,
-            spool,
-        })
+            total,
+        ))
     }
 
     /// Writes the own content at `key`, compressed when configured and worthwhile. Returns the
