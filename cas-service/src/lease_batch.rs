@@ -83,11 +83,32 @@ fn inline_too_large() -> ApiError {
 /// An inline node whose bytes proved valid, on its way to being published with the others.
 struct Inline {
     index: usize,
+    /// The element, without its inline bytes.
     element: BatchLeaseElement,
     /// The portable bytes, decoded.
     bytes: Bytes,
     evidence: Evidence,
     canonical_len: u64,
+}
+
+impl Inline {
+    /// The element as it came, for the one-by-one path.
+    fn back_to_single(self) -> (usize, BatchLeaseElement) {
+        (self.index, with_content(self.element, &self.bytes))
+    }
+}
+
+/// An element with its inline bytes encoded again.
+fn with_content(mut e: BatchLeaseElement, bytes: &[u8]) -> BatchLeaseElement {
+    e.content = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+    e
+}
+
+/// What the first look at an element found.
+enum Checked {
+    Inline(Inline),
+    Single(usize, BatchLeaseElement),
+    Refused(usize, ApiError),
 }
 
 /// An inline node with its validated generation and, once written, its object.
@@ -117,25 +138,18 @@ impl Service {
     ) -> Vec<BatchLeaseResult> {
         let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
         // Validate inline bytes first, concurrently; the rest goes one by one.
-        let checked: Vec<(usize, BatchLeaseElement, Option<ApiResult<Inline>>)> =
-            futures_util::stream::iter(elements.into_iter().enumerate())
-                .map(|(index, e)| async move {
-                    if e.content.is_none() {
-                        return (index, e, None);
-                    }
-                    let checked = self.check_inline(index, &e).await.transpose();
-                    (index, e, checked)
-                })
-                .buffered(ELEMENT_CONCURRENCY)
-                .collect()
-                .await;
+        let checked: Vec<Checked> = futures_util::stream::iter(elements.into_iter().enumerate())
+            .map(|(index, e)| self.check_inline(index, e))
+            .buffered(ELEMENT_CONCURRENCY)
+            .collect()
+            .await;
         let mut one_by_one = Vec::new();
         let mut inline = Vec::new();
-        for (index, e, checked) in checked {
+        for checked in checked {
             match checked {
-                Some(Ok(node)) => inline.push(node),
-                Some(Err(e)) => results[index] = Some(error_result(e)),
-                None => one_by_one.push((index, e)),
+                Checked::Inline(node) => inline.push(node),
+                Checked::Refused(index, e) => results[index] = Some(error_result(e)),
+                Checked::Single(index, e) => one_by_one.push((index, e)),
             }
         }
         // In groups, several at once: one group's objects are written while another's rows
@@ -183,13 +197,37 @@ impl Service {
             .collect()
     }
 
-    /// Validates an element's inline bytes in memory. `None`: not valid as a node, so the
-    /// element is leased one by one (which answers with the rejection, as for an upload).
-    async fn check_inline(&self, index: usize, e: &BatchLeaseElement) -> ApiResult<Option<Inline>> {
-        let Some(content) = &e.content else {
-            return Ok(None);
+    /// Validates an element's inline bytes in memory. An element without them, or whose bytes
+    /// are not a valid node, is leased one by one (which answers with the rejection, as for an
+    /// upload).
+    async fn check_inline(&self, index: usize, mut e: BatchLeaseElement) -> Checked {
+        let Some(content) = e.content.take() else {
+            return Checked::Single(index, e);
         };
-        let bytes = inline_bytes(&e.hash, content)?;
+        let bytes = match inline_bytes(&e.hash, &content) {
+            Ok(bytes) => bytes,
+            Err(err) => return Checked::Refused(index, err),
+        };
+        drop(content);
+        match self.validate_inline(&e, &bytes).await {
+            Ok(Some((evidence, canonical_len))) => Checked::Inline(Inline {
+                index,
+                element: e,
+                bytes,
+                evidence,
+                canonical_len,
+            }),
+            Ok(None) => Checked::Single(index, with_content(e, &bytes)),
+            Err(err) => Checked::Refused(index, err),
+        }
+    }
+
+    /// The evidence of valid inline bytes; `None` if they are not a valid node.
+    async fn validate_inline(
+        &self,
+        e: &BatchLeaseElement,
+        bytes: &Bytes,
+    ) -> ApiResult<Option<(Evidence, u64)>> {
         let _permit = self
             .validations
             .acquire()
@@ -201,13 +239,7 @@ impl Service {
             .validate_into(&bytes[..], bytes.len() as u64, &e.hash, tokio::io::sink())
             .await;
         match validated {
-            Ok((evidence, canonical_len)) => Ok(Some(Inline {
-                index,
-                element: e.clone(),
-                bytes: bytes.clone(),
-                evidence,
-                canonical_len,
-            })),
+            Ok(found) => Ok(Some(found)),
             Err(MaterializeError::Failed(e)) => Err(e),
             Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),
         }
@@ -300,7 +332,7 @@ impl Service {
                 continue;
             }
             if p.active_generation(&hash).await?.is_some() {
-                one_by_one.push((node.index, node.element));
+                one_by_one.push(node.back_to_single());
                 continue;
             }
             let generation = match self
@@ -418,7 +450,7 @@ impl Service {
             if let Err(e) = self.blobs.delete(&key).await {
                 tracing::warn!(error = %e, "could not delete the object of a retired upload");
             }
-            one_by_one.push((s.node.index, s.node.element));
+            one_by_one.push(s.node.back_to_single());
         }
         Ok(answers)
     }
