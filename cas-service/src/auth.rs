@@ -66,7 +66,10 @@ struct Snapshot {
 }
 
 /// How many verified tokens are remembered at most (the set is emptied when it is full).
-const VERIFIED_TOKENS: usize = 8192;
+const VERIFIED_TOKENS: usize = 4096;
+/// Longer tokens are verified on every use instead: what is remembered stays within a few
+/// MiB whatever clients send.
+const MAX_REMEMBERED_TOKEN_BYTES: usize = 2048;
 
 /// A token whose signature verified, and under which App record.
 struct Verified {
@@ -334,7 +337,9 @@ pub async fn verify(
         None => {
             let (issuer, app_auth, claims) = verify_signature(registry, token, options).await?;
             let claims = Arc::new(claims);
-            registry.remember(digest, issuer, app_auth.clone(), claims.clone());
+            if token.len() <= MAX_REMEMBERED_TOKEN_BYTES {
+                registry.remember(digest, issuer, app_auth.clone(), claims.clone());
+            }
             (app_auth, claims)
         }
     };
