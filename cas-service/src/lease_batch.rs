@@ -357,7 +357,8 @@ impl Service {
         Ok(staged)
     }
 
-    /// Writes an inline node's object at its generation's key.
+    /// Writes an inline node's object at its generation's key: the own content, which is the
+    /// tail of the portable bytes validated before.
     async fn write_inline(
         &self,
         app: &AppId,
@@ -365,16 +366,22 @@ impl Service {
         s: &Staged,
     ) -> ApiResult<(Encoding, u64)> {
         let bytes = &s.node.bytes;
-        let spooled = self
-            .validate(&bytes[..], bytes.len() as u64, &s.node.element.hash)
-            .await
-            .map_err(|e| match e {
-                MaterializeError::Failed(e) => e,
-                _ => ApiError::internal("revalidating an inline node", "it no longer validates"),
-            })?;
+        let size = s.node.evidence.content_size as u64;
+        let start = bytes.len().checked_sub(size as usize).ok_or_else(|| {
+            ApiError::internal("spooling an inline node", "its content outgrows its bytes")
+        })?;
+        let own = bytes.slice(start..);
         let key = node_key(app, space, &s.generation.hash, &s.generation.gen_id);
-        self.write_object(&key, spooled.spool, spooled.evidence.content_size as u64)
+        let body = Box::pin(futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(own)
+        }));
+        let (spool, _) = self
+            .blobs
+            .spool()
+            .write(&key, body, size)
             .await
+            .map_err(|e| ApiError::internal("spooling an inline node", e))?;
+        self.write_object(&key, spool, size).await
     }
 
     /// The second operation: publishes every written node, children before parents. On a

@@ -189,10 +189,7 @@ async fn metric(server: &Server, name: &str) -> anyhow::Result<f64> {
         .await?
         .text()
         .await?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0))
+    Ok(tests::metric(&text, name))
 }
 
 e2e!(concurrent_updates_keep_their_own_revisions);

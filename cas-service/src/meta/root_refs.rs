@@ -99,10 +99,10 @@ impl Partition {
             payload_hash,
             actor,
         };
-        let mut outcomes = self.update_root_refs_many(&[change], now).await?;
-        Ok(outcomes
+        self.update_root_refs_many(&[change], now)
+            .await?
             .pop()
-            .unwrap_or(Err(RootRefRejection::IdempotencyConflict)))
+            .ok_or_else(|| sqlx::Error::Protocol("an update was left without an outcome".into()))
     }
 
     /// Applies (or replays) several updates in order, each with a revision of its own, in a

@@ -103,9 +103,8 @@ impl Commits {
             .text()
             .await?;
         let value = |name: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-                .unwrap_or(0.0)
+            let v = tests::metric(&text, name);
+            if v.is_nan() { 0.0 } else { v }
         };
         Ok(Commits {
             batches: value("unicas_commit_batch_operations_count"),
