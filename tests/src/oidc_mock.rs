@@ -93,7 +93,13 @@ fn rsa_key(dir: &std::path::Path) -> anyhow::Result<(String, String)> {
         .arg(&path)
         .output()?;
     let text = String::from_utf8(modulus.stdout)?;
-    let hex = text.trim().strip_prefix("Modulus=").context("no modulus")?;
+    let hex = text.trim().strip_prefix("Modulus=").with_context(|| {
+        format!(
+            "openssl printed no modulus ({}): {}",
+            modulus.status,
+            String::from_utf8_lossy(&modulus.stderr).trim()
+        )
+    })?;
     let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
