@@ -120,17 +120,28 @@ impl Service {
         }
         let now = now_ms();
         // A ready node whose lease already covers the claim (see `lease_window`) needs no write
-        // and no gate: GC cannot take a node whose lease has not expired.
+        // and no gate: GC cannot take a node whose lease has not expired. When this process has
+        // seen such a lease (`lease_memo`), it needs no read either.
+        let covered = |(started, expires): (i64, i64)| {
+            (lease_window(started, expires, now, duration) == (started, expires)).then_some(
+                LeaseResponse::Ready {
+                    hash: *hash,
+                    lease_started_at: started,
+                    lease_expires_at: expires,
+                },
+            )
+        };
+        if let Some(r) = self.leases.get(app, space, hash, now).and_then(covered) {
+            return Ok(self.outcome(r));
+        }
         if let Some(row) = self.meta.node(app, space, hash).await?
             && row.is_ready()
-            && lease_window(row.lease_started_at, row.lease_expires_at, now, duration)
-                == (row.lease_started_at, row.lease_expires_at)
         {
-            return Ok(self.outcome(LeaseResponse::Ready {
-                hash: *hash,
-                lease_started_at: row.lease_started_at,
-                lease_expires_at: row.lease_expires_at,
-            }));
+            let window = (row.lease_started_at, row.lease_expires_at);
+            self.leases.remember(app, space, hash, window, now);
+            if let Some(r) = covered(window) {
+                return Ok(self.outcome(r));
+            }
         }
         // Two rounds at most: a generation retired by GC while we validated it is replaced once.
         for _ in 0..2 {
@@ -178,6 +189,8 @@ impl Service {
                 p.set_lease(hash, started, expires).await?;
             }
             p.commit().await?;
+            self.leases
+                .remember(app, space, hash, (started, expires), now);
             return Ok(Begin::Done(LeaseResponse::Ready {
                 hash: *hash,
                 lease_started_at: started,

@@ -26,6 +26,7 @@ pub mod fsck;
 pub mod gc;
 mod lease;
 mod lease_batch;
+pub mod lease_memo;
 mod materialize;
 pub mod meta;
 pub mod metrics;
@@ -60,6 +61,8 @@ pub struct ServiceState {
     pub oidc: admin::OidcCache,
     /// Root-ref updates waiting to be applied, by partition.
     pub root_ref_queues: root_refs::RootRefQueues,
+    /// Ready nodes' leases as last seen, for renewals that need no store read.
+    pub leases: lease_memo::LeaseMemo,
     /// The hosts the admin plane answers to.
     pub allowed_hosts: web_guard::AllowedHosts,
     public_url: String,
@@ -140,6 +143,7 @@ impl Service {
             http,
             oidc: admin::OidcCache::default(),
             root_ref_queues: root_refs::RootRefQueues::default(),
+            leases: lease_memo::LeaseMemo::default(),
             public_url,
         })))
     }
