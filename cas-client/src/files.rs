@@ -1,24 +1,27 @@
 //! Files as nodes.
 //!
-//! A file of at most [`CHUNKING_THRESHOLD`] bytes is one `application/octet-stream` leaf. A
-//! larger file is cut by content-defined chunking (FastCDC 2020, chunks of
-//! [`CHUNK_MIN`]..[`CHUNK_MAX`] bytes, [`CHUNK_AVG`] on average) into leaves, listed by an
-//! SValue index node:
+//! A file is one `application/octet-stream` leaf, or leaves listed by an SValue index node:
 //!
 //! ```text
 //! {"kind": "chunked-file", "depth": 0, "size": <file size>,
 //!  "chunks": [SBlob, ...], "sizes": [<bytes of each chunk>, ...]}
 //! ```
 //!
+//! Where a file of at most [`FORMAT_MAX`] bytes is cut depends on its content
+//! ([`crate::chunking`]): notebooks at their cells, other text in chunks of a few KiB, binary
+//! content of at most [`CHUNKING_THRESHOLD`] bytes not at all. Larger files, and larger binary
+//! content, are cut by content-defined chunking (FastCDC 2020, chunks of
+//! [`CHUNK_MIN`]..[`CHUNK_MAX`] bytes, [`CHUNK_AVG`] on average).
+//!
 //! An index lists at most [`INDEX_FANOUT`] entries (the node ref limit is 256). A file with more
 //! chunks gets more levels: an index of depth `d > 0` lists indexes of depth `d - 1`, with their
 //! sizes. Reading walks the index in order.
 //!
 //! Why these numbers: cut points depend on content, so an edit moves only the chunks around it,
-//! and a file that grows at the end keeps its earlier chunks. An average of 1 MiB keeps the
-//! per-node cost (one lease, one row) small next to the bytes it carries, while an edit in a
-//! large file re-uploads about one to three chunks. Files up to 1 MiB gain nothing from
-//! chunking and stay one node. The chunk bounds stay far under the 32 MiB node limit.
+//! and a file that grows at the end keeps its earlier chunks. For large binary content an
+//! average of 1 MiB keeps the per-node cost (one lease, one row) small next to the bytes it
+//! carries, while an edit re-uploads about one to three chunks. The chunk bounds stay far under
+//! the 32 MiB node limit.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -31,17 +34,20 @@ use cas_format::{ContentType, Hash, NodeDescriptor, SpaceId, Value};
 use futures_util::StreamExt;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::chunking::{FORMAT_MAX, SEGMENT_MAX, chunk_lengths};
 use crate::client::AppCasClient;
 use crate::dag::{Plan, leaf_descriptor};
 use crate::error::ClientError;
 
-/// Files up to this size are one leaf.
+/// Binary content up to this size is one leaf.
 pub const CHUNKING_THRESHOLD: u64 = 1 << 20;
 pub const CHUNK_MIN: usize = 256 << 10;
 pub const CHUNK_AVG: usize = 1 << 20;
 pub const CHUNK_MAX: usize = 4 << 20;
 /// Entries of one index node.
 pub const INDEX_FANOUT: usize = 256;
+/// Small chunks of one file read at once.
+const SMALL_READS_IN_FLIGHT: usize = 8;
 /// The `kind` of an index node.
 pub const CHUNKED_FILE: &str = "chunked-file";
 
@@ -116,7 +122,7 @@ fn plan_content(
     mut add: impl FnMut(&mut Plan, Hash, u64, u64),
 ) -> Result<FileRef, ClientError> {
     let io = |e| ClientError::io(format!("cannot read {what}"), e);
-    if size <= CHUNKING_THRESHOLD {
+    if size <= FORMAT_MAX as u64 {
         let mut content = Vec::with_capacity(size as usize);
         reader
             .take(size + 1)
@@ -127,12 +133,10 @@ fn plan_content(
                 "{what} changed while it was read"
             )));
         }
-        let hash = hash_leaf(&content)?;
-        add(plan, hash, 0, size);
-        return Ok(FileRef {
-            node: hash,
-            size,
-            chunked: false,
+        return plan_layout(plan, &content, |plan, content, offset| {
+            let hash = hash_leaf(content)?;
+            add(plan, hash, offset, content.len() as u64);
+            Ok(hash)
         });
     }
     let mut chunks = Vec::new();
@@ -230,18 +234,43 @@ pub fn plan_bytes(plan: &mut Plan, bytes: &[u8]) -> Result<FileRef, ClientError>
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
         plan.add_portable(Bytes::from(portable))
     };
-    let size = bytes.len() as u64;
-    if size <= CHUNKING_THRESHOLD {
-        return Ok(FileRef {
-            node: leaf(plan, bytes)?,
-            size,
-            chunked: false,
-        });
+    if bytes.len() <= FORMAT_MAX {
+        return plan_layout(plan, bytes, |plan, content, _| leaf(plan, content));
     }
     let mut chunks = Vec::new();
     for c in fastcdc::v2020::FastCDC::new(bytes, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX) {
         let hash = leaf(plan, &bytes[c.offset..c.offset + c.length])?;
         chunks.push((hash, c.length as u64));
+    }
+    Ok(FileRef {
+        node: plan_index(plan, chunks)?,
+        size: bytes.len() as u64,
+        chunked: true,
+    })
+}
+
+/// Plans `content` (at most [`FORMAT_MAX`] bytes) in the layout [`chunk_lengths`] picks: one
+/// leaf, or leaves under an index. `leaf` plans one piece found at an offset.
+fn plan_layout(
+    plan: &mut Plan,
+    content: &[u8],
+    mut leaf: impl FnMut(&mut Plan, &[u8], u64) -> Result<Hash, ClientError>,
+) -> Result<FileRef, ClientError> {
+    let lengths = chunk_lengths(content);
+    let size = content.len() as u64;
+    if lengths.len() == 1 {
+        return Ok(FileRef {
+            node: leaf(plan, content, 0)?,
+            size,
+            chunked: false,
+        });
+    }
+    let mut chunks = Vec::with_capacity(lengths.len());
+    let mut at = 0usize;
+    for n in lengths {
+        let hash = leaf(plan, &content[at..at + n], at as u64)?;
+        chunks.push((hash, n as u64));
+        at += n;
     }
     Ok(FileRef {
         node: plan_index(plan, chunks)?,
@@ -403,17 +432,52 @@ impl AppCasClient {
         Box::pin(async move {
             let content = self.read_svalue_node(space, node).await?;
             let index = parse_index(node, &content)?;
+            let mismatch = |child: &Hash, n: u64, size: u64| {
+                ClientError::Protocol(format!(
+                    "chunk {child} holds {n} bytes, its index says {size}"
+                ))
+            };
+            let small = |size: u64| index.depth == 0 && size <= SEGMENT_MAX as u64;
             let mut written = 0u64;
-            for (child, size) in index.entries {
+            let mut entries = index.entries.iter().copied().peekable();
+            while let Some((child, size)) = entries.next() {
+                if small(size) {
+                    // A run of small leaves (a notebook's cells): read a few at a time, written
+                    // in order; at most SMALL_READS_IN_FLIGHT × SEGMENT_MAX bytes held.
+                    let mut run = vec![(child, size)];
+                    while let Some(next) = entries.next_if(|(_, s)| small(*s)) {
+                        run.push(next);
+                    }
+                    let mut reads = futures_util::stream::iter(run)
+                        .map(|(child, size)| async move {
+                            let content = self.read_content(space, &child, None).await?;
+                            if content.len() as u64 != size {
+                                return Err(mismatch(&child, content.len() as u64, size));
+                            }
+                            match hash_leaf(&content) {
+                                Ok(h) if h == child => Ok(content),
+                                _ => Err(ClientError::Protocol(format!(
+                                    "the content read for {child} does not hash to it"
+                                ))),
+                            }
+                        })
+                        .buffered(SMALL_READS_IN_FLIGHT);
+                    while let Some(content) = reads.next().await {
+                        let content = content?;
+                        out.write_all(&content)
+                            .await
+                            .map_err(|e| ClientError::io("cannot write the output", e))?;
+                        written += content.len() as u64;
+                    }
+                    continue;
+                }
                 let n = if index.depth == 0 {
                     self.copy_leaf(space, &child, out).await?
                 } else {
                     self.copy_index(space, &child, out).await?
                 };
                 if n != size {
-                    return Err(ClientError::Protocol(format!(
-                        "chunk {child} holds {n} bytes, its index says {size}"
-                    )));
+                    return Err(mismatch(&child, n, size));
                 }
                 written += n;
             }

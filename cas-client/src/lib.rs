@@ -8,6 +8,7 @@
 
 mod batch;
 pub mod capability;
+pub mod chunking;
 pub mod cli;
 mod client;
 pub mod dag;
