@@ -94,6 +94,7 @@ impl Uploader<'_> {
             lease_duration_ms: self.lease_ms,
             upload_bytes: self.plan.nodes.get(&hash).map(|n| n.portable_len),
             content,
+            delta_base: self.plan.delta_base(&hash),
         }
     }
 
@@ -285,6 +286,7 @@ impl crate::client::AppCasClient {
             lease_duration_ms: lease_ms,
             upload_bytes: Some(len as u64),
             content,
+            delta_base: None,
         };
         let first = self
             .lease_batch(

@@ -466,8 +466,23 @@ impl AppCasClient {
         duration_ms: u64,
         upload_bytes: Option<u64>,
     ) -> Result<LeaseResponse, ClientError> {
+        self.lease_node_based(space, hash, duration_ms, upload_bytes, None)
+            .await
+    }
+
+    /// One lease call naming `delta_base`, a node of the Space this one probably resembles:
+    /// if the lease publishes the node, the service may store it as a delta against that one.
+    pub async fn lease_node_based(
+        &self,
+        space: &SpaceId,
+        hash: &Hash,
+        duration_ms: u64,
+        upload_bytes: Option<u64>,
+        delta_base: Option<Hash>,
+    ) -> Result<LeaseResponse, ClientError> {
         let body = serde_json::to_vec(&LeaseRequest {
             lease_duration_ms: duration_ms,
+            delta_base,
         })
         .map_err(|e| ClientError::Invalid(e.to_string()))?;
         let query: Vec<(&'static str, String)> = upload_bytes

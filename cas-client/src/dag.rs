@@ -60,9 +60,24 @@ pub struct PlannedNode {
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     pub nodes: HashMap<Hash, PlannedNode>,
+    /// For some planned nodes, a node of the Space they probably resemble (the previous
+    /// version of the same file, chunk or directory), named to the service as `deltaBase`.
+    pub delta_bases: HashMap<Hash, Hash>,
 }
 
 impl Plan {
+    /// Names `base` as the node that the planned node `node` probably resembles.
+    pub fn suggest_base(&mut self, node: Hash, base: Hash) {
+        if node != base && self.nodes.contains_key(&node) {
+            self.delta_bases.insert(node, base);
+        }
+    }
+
+    /// The base suggested for `node`, if any.
+    pub fn delta_base(&self, node: &Hash) -> Option<Hash> {
+        self.delta_bases.get(node).copied()
+    }
+
     /// Adds a node given as portable bytes; returns its hash.
     pub fn add_portable(&mut self, portable: Bytes) -> Result<Hash, ClientError> {
         let node = decode_portable(&portable, &NodeLimits::format_max())
@@ -205,7 +220,13 @@ impl<'a> Uploader<'a> {
             .await
             .map_err(|_| ClientError::Cancelled)?;
         self.client
-            .lease_node(self.space, hash, self.lease_ms, upload_bytes)
+            .lease_node_based(
+                self.space,
+                hash,
+                self.lease_ms,
+                upload_bytes,
+                self.plan.delta_base(hash),
+            )
             .await
     }
 
@@ -259,6 +280,7 @@ impl<'a> Uploader<'a> {
                         self.lease_ms,
                         Some(&self.calls),
                         first.take(),
+                        self.plan.delta_base(&hash),
                         || portable_bytes(&hash, &node.source),
                     )
                     .await?;

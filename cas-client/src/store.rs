@@ -46,6 +46,7 @@ impl AppCasClient {
             lease_ms,
             None,
             None,
+            None,
             || async { Ok(portable.clone()) },
         )
         .await
@@ -65,6 +66,7 @@ impl AppCasClient {
         lease_ms: u64,
         calls: Option<&Semaphore>,
         mut first: Option<LeaseResponse>,
+        delta_base: Option<Hash>,
         bytes: F,
     ) -> Result<EnsureReport, ClientError>
     where
@@ -88,7 +90,7 @@ impl AppCasClient {
                 Some(r) => r,
                 None => {
                     let _p = permit().await?;
-                    self.lease_node(space, hash, lease_ms, Some(portable_len))
+                    self.lease_node_based(space, hash, lease_ms, Some(portable_len), delta_base)
                         .await?
                 }
             };

@@ -58,13 +58,20 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-/// Body of `POST /v1/cas/nodes/{hash}/lease`: exactly one field.
+/// Body of `POST /v1/cas/nodes/{hash}/lease`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LeaseRequest {
     /// Requested lease duration; the service clamps it (60 s … 24 h by default).
     pub lease_duration_ms: u64,
+    /// Optional and advisory: a node of the same Space this one probably resembles (the
+    /// previous version of the same file). When this lease publishes the node, the service may
+    /// store it as a delta against that node; it ignores a hash that is not a ready node
+    /// here. Reads are the same either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub delta_base: Option<Hash>,
 }
 
 /// Where and how to upload a portable full node.
@@ -153,6 +160,10 @@ pub struct BatchLeaseElement {
     /// The portable node, standard base64, at most 256 KiB decoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// As in the single lease: an advisory base for storing the node as a delta.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub delta_base: Option<Hash>,
 }
 
 /// Body of `POST /v1/cas/leases`: up to [`MAX_BATCH_LEASES`] leases.

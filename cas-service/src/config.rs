@@ -62,10 +62,17 @@ pub struct Config {
     pub auth_cache_ms: u64,
     /// Allowed clock skew for token time bounds, in seconds.
     pub auth_leeway_s: u64,
-    /// Store canonical objects of at least this many bytes compressed with zstd (`0` = off).
+    /// Store canonical objects of at least this many bytes compressed with zstd (`0` = off),
+    /// when that saves at least an eighth.
     pub compress_min_bytes: u64,
     /// zstd level for compression at rest.
     pub compress_level: i32,
+    /// Longest chain of delta bases a read may have to go through (`0`: no deltas at rest).
+    pub delta_max_depth: u32,
+    /// Largest node (and largest base) stored as a delta against the base a lease names.
+    pub delta_max_bytes: u64,
+    /// Bytes of delta bases' content kept in memory for reads and new deltas.
+    pub delta_cache_bytes: u64,
     /// With an S3 store: uploads declared at most this large go through the service and cost
     /// one object write; larger ones go straight to S3 with a presigned URL.
     pub small_upload_bytes: u64,
@@ -158,8 +165,11 @@ impl Default for Config {
             json_body_limit: 1 << 20,
             auth_cache_ms: 30_000,
             auth_leeway_s: 30,
-            compress_min_bytes: 0,
+            compress_min_bytes: 64,
             compress_level: 3,
+            delta_max_depth: 8,
+            delta_max_bytes: 4 << 20,
+            delta_cache_bytes: 64 << 20,
             small_upload_bytes: 1 << 20,
             s3_endpoint: None,
             s3_path_style: false,
@@ -266,6 +276,9 @@ impl Config {
         parse_env("AUTH_LEEWAY_S", &mut self.auth_leeway_s)?;
         parse_env("COMPRESS_MIN_BYTES", &mut self.compress_min_bytes)?;
         parse_env("COMPRESS_LEVEL", &mut self.compress_level)?;
+        parse_env("DELTA_MAX_DEPTH", &mut self.delta_max_depth)?;
+        parse_env("DELTA_MAX_BYTES", &mut self.delta_max_bytes)?;
+        parse_env("DELTA_CACHE_BYTES", &mut self.delta_cache_bytes)?;
         parse_env("SMALL_UPLOAD_BYTES", &mut self.small_upload_bytes)?;
         parse_env_opt("S3_ENDPOINT", &mut self.s3_endpoint);
         parse_env("S3_PATH_STYLE", &mut self.s3_path_style)?;
@@ -332,6 +345,12 @@ impl Config {
         }
         if !(1..=22).contains(&self.compress_level) {
             bail!("compress_level must be 1..=22");
+        }
+        if self.delta_max_depth > 64 {
+            bail!("delta_max_depth must be at most 64");
+        }
+        if self.delta_max_bytes > 16 << 20 {
+            bail!("delta_max_bytes must be at most 16 MiB (a delta is encoded in memory)");
         }
         self.database_url()?;
         self.blob_store()?;

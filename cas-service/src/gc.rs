@@ -3,10 +3,13 @@
 //! Each candidate goes through three steps: (1) under the gate, recheck eligibility and mark the
 //! row as being collected (it is not ready from then on); (2) delete its object (the objects of
 //! a pass together: `DeleteObjects` on S3); (3) under the gate, delete its edges, decrement its
-//! children and delete the row. A crash after any step leaves a state the next pass finishes.
+//! children and delete the row. Between (1) and (2), a marked node's ready delta dependents
+//! are stored alone (`crate::delta`), so no object ever needs a deleted base. A crash after any
+//! step leaves a state the next pass finishes.
 //! Passes also retire expired upload generations and delete objects superseded by
 //! re-publication.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use cas_format::wire::GcResponse;
@@ -14,8 +17,9 @@ use cas_format::{AppId, Hash, SpaceId};
 use tokio_util::sync::CancellationToken;
 
 use crate::blob::node_key;
+use crate::delta::ContentError;
 use crate::error::{ApiError, ApiResult};
-use crate::meta::Marked;
+use crate::meta::{Marked, NodeRow};
 use crate::{Service, failpoint, now_ms};
 
 impl Service {
@@ -50,6 +54,9 @@ impl Service {
             ));
         }
 
+        // A marked node may still be the delta base of ready ones: they are stored alone
+        // first, and a base whose dependents could not be is left for a later pass.
+        let marked = self.free_dependents(app, space, marked).await?;
         let deleted_objects: Vec<Marked> = self
             .delete_objects(marked, |m| node_key(app, space, &m.hash, &m.object_gen))
             .await;
@@ -77,6 +84,86 @@ impl Service {
             deleted,
             reclaimed_content_bytes: reclaimed,
         })
+    }
+
+    /// Stores every ready dependent of the marked nodes alone (so that no delta needs them any
+    /// more); answers the marked nodes whose objects may now be deleted.
+    async fn free_dependents(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        mut marked: Vec<Marked>,
+    ) -> ApiResult<Vec<Marked>> {
+        let bases: Vec<Hash> = marked.iter().map(|m| m.hash).collect();
+        let dependents = self.meta.delta_dependents(app, space, &bases).await?;
+        if dependents.is_empty() {
+            return Ok(marked);
+        }
+        let mut kept: HashSet<Hash> = HashSet::new();
+        for d in dependents {
+            let Some(base) = d.delta.map(|b| b.hash) else {
+                continue;
+            };
+            if let Err(e) = self.store_alone(app, space, &d).await {
+                tracing::warn!(node = %d.hash, %base, error = %e.message, "a delta could not be stored alone; its base waits for the next pass");
+                kept.insert(base);
+            }
+        }
+        if failpoint::hit("gc.after_rebase").await {
+            return Err(ApiError::storage_unavailable(
+                "collecting",
+                "failpoint gc.after_rebase",
+            ));
+        }
+        marked.retain(|m| !kept.contains(&m.hash));
+        Ok(marked)
+    }
+
+    /// Rewrites a delta node's content as an object that stands alone, and points its row at
+    /// it (unless the row changed meanwhile: then the new object goes).
+    async fn store_alone(&self, app: &AppId, space: &SpaceId, row: &NodeRow) -> ApiResult<()> {
+        let content = match self.stored_content(app, space, row).await {
+            Ok(c) => c,
+            Err(ContentError::Failed(e)) => return Err(e),
+            Err(ContentError::Moved) => {
+                return match self.meta.node(app, space, &row.hash).await? {
+                    Some(again) if again.is_ready() && again.object_gen == row.object_gen => {
+                        Err(ApiError::internal(
+                            "rebuilding a delta",
+                            "an object of its chain is missing",
+                        ))
+                    }
+                    // Collected or re-encoded by someone else meanwhile.
+                    _ => Ok(()),
+                };
+            }
+        };
+        let (bytes, stored) = self.encode_content(content, None).await?;
+        let object_gen = ulid::Ulid::generate().to_string();
+        let key = node_key(app, space, &row.hash, &object_gen);
+        let len = bytes.len() as u64;
+        let body = Box::pin(futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(bytes)
+        }));
+        let (spool, _) = self
+            .blobs
+            .spool()
+            .write(&key, body, len)
+            .await
+            .map_err(|e| ApiError::internal("spooling an object", e))?;
+        self.blobs
+            .put_file(&key, spool, len)
+            .await
+            .map_err(|e| ApiError::blob("writing an object", e))?;
+        let mut p = self.meta.gate(app, space).await?;
+        let done = p
+            .store_alone(&row.hash, &row.object_gen, &object_gen, stored, now_ms())
+            .await?;
+        p.commit().await?;
+        if !done {
+            self.delete_logged(&key).await;
+        }
+        Ok(())
     }
 
     async fn retire_generations(&self, app: &AppId, space: &SpaceId, max: i64) -> ApiResult<()> {

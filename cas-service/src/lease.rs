@@ -22,6 +22,15 @@ enum Begin {
     Materialize(Generation),
 }
 
+/// What an attempt to publish an uploaded node came to.
+enum Published {
+    Answer(LeaseResponse),
+    /// The generation was retired meanwhile: the lease starts over.
+    Retry,
+    /// Its delta base is no longer ready: the lease starts over, storing the node alone.
+    BaseGone,
+}
+
 /// The lease window after a claim of `duration` at `now`: a lease that has lapsed starts a new
 /// period; a running one is never shortened.
 pub fn lease_window(started: i64, expires: i64, now: i64, duration: i64) -> (i64, i64) {
@@ -100,6 +109,8 @@ impl Service {
 
     /// Leases `hash` for about `duration_ms`. `upload_bytes` is the client's optional
     /// statement of the portable node's size; it only selects the kind of upload target.
+    /// `delta_base` names a node this one probably resembles: if this lease publishes it, it
+    /// may be stored as a delta against that node (`crate::delta`).
     pub async fn lease(
         &self,
         app: &AppId,
@@ -107,6 +118,7 @@ impl Service {
         hash: &Hash,
         duration_ms: u64,
         upload_bytes: Option<u64>,
+        delta_base: Option<Hash>,
     ) -> ApiResult<LeaseResponse> {
         let duration = self.config.clamp_lease(duration_ms) as i64;
         if let Some(n) = upload_bytes
@@ -143,7 +155,9 @@ impl Service {
                 return Ok(self.outcome(r));
             }
         }
-        // Two rounds at most: a generation retired by GC while we validated it is replaced once.
+        // Two rounds at most: a generation retired by GC while we validated it is replaced once,
+        // and a delta whose base GC took meanwhile is stored alone.
+        let mut delta_base = delta_base;
         for _ in 0..2 {
             let g = match self
                 .lease_begin(app, space, hash, duration, upload_bytes)
@@ -153,11 +167,12 @@ impl Service {
                 Begin::Materialize(g) => g,
             };
             match self
-                .materialize_and_publish(app, space, &g, duration)
+                .materialize_and_publish(app, space, &g, duration, delta_base)
                 .await?
             {
-                Some(r) => return Ok(self.outcome(r)),
-                None => continue,
+                Published::Answer(r) => return Ok(self.outcome(r)),
+                Published::Retry => continue,
+                Published::BaseGone => delta_base = None,
             }
         }
         Err(ApiError::unavailable(
@@ -292,14 +307,15 @@ impl Service {
     }
 
     /// Reads and checks the uploaded bytes of `g` and publishes the node if every child is
-    /// ready. `None` means the generation was retired meanwhile and the lease should start over.
+    /// ready.
     async fn materialize_and_publish(
         &self,
         app: &AppId,
         space: &SpaceId,
         g: &Generation,
         duration: i64,
-    ) -> ApiResult<Option<LeaseResponse>> {
+        delta_base: Option<Hash>,
+    ) -> ApiResult<Published> {
         let hash = g.hash;
         let spooled = {
             let _permit = self
@@ -314,7 +330,10 @@ impl Service {
             Err(MaterializeError::NotUploaded) => {
                 let g = self.fresh_url(app, space, g).await?;
                 let upload = self.presigned_target(app, space, &g).await?;
-                return Ok(Some(LeaseResponse::AwaitingUpload { hash, upload }));
+                return Ok(Published::Answer(LeaseResponse::AwaitingUpload {
+                    hash,
+                    upload,
+                }));
             }
             Err(MaterializeError::Rejected(rejection)) => {
                 self.metrics.upload_rejected(&rejection.code);
@@ -334,11 +353,13 @@ impl Service {
                 p.commit().await?;
                 let fresh = self.fresh_url(app, space, &fresh).await?;
                 let upload = self.presigned_target(app, space, &fresh).await?;
-                return Ok(Some(LeaseResponse::AwaitingReplacementUpload {
-                    hash,
-                    upload,
-                    rejection,
-                }));
+                return Ok(Published::Answer(
+                    LeaseResponse::AwaitingReplacementUpload {
+                        hash,
+                        upload,
+                        rejection,
+                    },
+                ));
             }
             Err(MaterializeError::Failed(e)) => return Err(e),
         };
@@ -347,16 +368,16 @@ impl Service {
         {
             let mut p = self.meta.gate(app, space).await?;
             let Some(current) = p.generation(&g.gen_id).await? else {
-                return Ok(None);
+                return Ok(Published::Retry);
             };
             if !current.state.is_active() {
                 if current.state == GenState::Published {
                     drop(p);
-                    return Ok(Some(
+                    return Ok(Published::Answer(
                         self.lease_begin_ready(app, space, &hash, duration).await?,
                     ));
                 }
-                return Ok(None);
+                return Ok(Published::Retry);
             }
             if current.state == GenState::AwaitingUpload {
                 self.record_validated(&mut p, &current, &spooled.evidence, spooled.canonical_len)
@@ -365,17 +386,20 @@ impl Service {
             let missing = p.missing_children(&spooled.evidence.refs).await?;
             p.commit().await?;
             if !missing.is_empty() {
-                return Ok(Some(LeaseResponse::ValidatedAwaitingChildren {
-                    hash,
-                    child_hashes: missing,
-                }));
+                return Ok(Published::Answer(
+                    LeaseResponse::ValidatedAwaitingChildren {
+                        hash,
+                        child_hashes: missing,
+                    },
+                ));
             }
         }
 
         // Object first.
         let key = node_key(app, space, &hash, &g.gen_id);
-        let (encoding, stored) = self
-            .write_object(&key, spooled.spool, spooled.evidence.content_size as u64)
+        let size = spooled.evidence.content_size as u64;
+        let stored = self
+            .write_object(app, space, g, spooled.spool, size, delta_base)
             .await?;
         if failpoint::hit("publish.after_object").await {
             return Err(ApiError::storage_unavailable(
@@ -388,29 +412,35 @@ impl Service {
         let now = now_ms();
         let mut p = self.meta.gate(app, space).await?;
         let outcome = p
-            .finalize(g, &spooled.evidence, encoding, stored as i64, now, duration)
+            .finalize(g, &spooled.evidence, stored, now, duration)
             .await?;
         p.commit().await?;
         match outcome {
             FinalizeOutcome::Published { started, expires } => {
                 tracing::debug!(%hash, generation = %g.gen_id, "node published");
                 self.staging().discard_published(app, space, g).await;
-                Ok(Some(LeaseResponse::Ready {
+                Ok(Published::Answer(LeaseResponse::Ready {
                     hash,
                     lease_started_at: started,
                     lease_expires_at: expires,
                 }))
             }
-            FinalizeOutcome::AlreadyReady { started, expires } => Ok(Some(LeaseResponse::Ready {
-                hash,
-                lease_started_at: started,
-                lease_expires_at: expires,
-            })),
-            FinalizeOutcome::MissingChildren(missing) => {
-                Ok(Some(LeaseResponse::ValidatedAwaitingChildren {
+            FinalizeOutcome::AlreadyReady { started, expires } => {
+                Ok(Published::Answer(LeaseResponse::Ready {
+                    hash,
+                    lease_started_at: started,
+                    lease_expires_at: expires,
+                }))
+            }
+            FinalizeOutcome::MissingChildren(missing) => Ok(Published::Answer(
+                LeaseResponse::ValidatedAwaitingChildren {
                     hash,
                     child_hashes: missing,
-                }))
+                },
+            )),
+            FinalizeOutcome::DeltaBaseGone => {
+                // The object at `key` is rewritten by the next round, which stores it alone.
+                Ok(Published::BaseGone)
             }
             FinalizeOutcome::GenerationGone => {
                 // GC retired the generation while we wrote its object: that object is ours to
@@ -418,7 +448,7 @@ impl Service {
                 if let Err(e) = self.blobs.delete(&key).await {
                     tracing::warn!(error = %e, "could not delete the object of a retired upload");
                 }
-                Ok(None)
+                Ok(Published::Retry)
             }
         }
     }

@@ -21,11 +21,11 @@ use cas_format::wire::{
 use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
-use crate::blob::{Encoding, node_key};
+use crate::blob::node_key;
 use crate::error::{ApiError, ApiResult};
 use crate::lease::lease_window;
 use crate::materialize::MaterializeError;
-use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation};
+use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, StoredObject};
 use crate::{Service, now_ms};
 
 /// Elements of one batch in flight at once.
@@ -115,7 +115,7 @@ enum Checked {
 struct Staged {
     node: Inline,
     generation: Generation,
-    object: Option<(Encoding, u64)>,
+    object: Option<StoredObject>,
 }
 
 /// Answers to some elements of a batch, by index.
@@ -266,7 +266,43 @@ impl Service {
             Ok(staged) => staged,
             Err(e) => return indices.into_iter().map(|i| (i, Err(e.clone()))).collect(),
         };
-        // Objects first, concurrently.
+        // Objects first, concurrently; rows second, in one operation. A delta whose base GC
+        // took meanwhile is written again alone, and published by one more operation.
+        let mut pending = staged;
+        while !pending.is_empty() {
+            let written = self
+                .write_inline_all(app, space, pending, &mut answers)
+                .await;
+            match self.finish_inline(app, space, written, one_by_one).await {
+                Ok((done, based_on_gone)) => {
+                    answers.extend(done);
+                    pending = based_on_gone
+                        .into_iter()
+                        .map(|mut s| {
+                            s.node.element.delta_base = None;
+                            s.object = None;
+                            s
+                        })
+                        .collect();
+                }
+                Err((indices, e)) => {
+                    answers.extend(indices.into_iter().map(|i| (i, Err(e.clone()))));
+                    break;
+                }
+            }
+        }
+        answers
+    }
+
+    /// Writes the objects of staged inline nodes, concurrently; answers those that failed
+    /// and returns the others.
+    async fn write_inline_all(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        staged: Vec<Staged>,
+        answers: &mut Answers,
+    ) -> Vec<Staged> {
         let staged: Vec<Staged> = futures_util::stream::iter(staged)
             .map(|mut s| async move {
                 match self.write_inline(app, space, &s).await {
@@ -289,12 +325,7 @@ impl Service {
                 )),
             ));
         }
-        // Rows second, in one operation.
-        match self.finish_inline(app, space, written, one_by_one).await {
-            Ok(done) => answers.extend(done),
-            Err((indices, e)) => answers.extend(indices.into_iter().map(|i| (i, Err(e.clone())))),
-        }
-        answers
+        written
     }
 
     /// The first operation: extends the leases of nodes already stored and records a validated
@@ -364,7 +395,7 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         s: &Staged,
-    ) -> ApiResult<(Encoding, u64)> {
+    ) -> ApiResult<StoredObject> {
         let bytes = &s.node.bytes;
         let size = s.node.evidence.content_size as u64;
         let start = bytes.len().checked_sub(size as usize).ok_or_else(|| {
@@ -381,10 +412,19 @@ impl Service {
             .write(&key, body, size)
             .await
             .map_err(|e| ApiError::internal("spooling an inline node", e))?;
-        self.write_object(&key, spool, size).await
+        self.write_object(
+            app,
+            space,
+            &s.generation,
+            spool,
+            size,
+            s.node.element.delta_base,
+        )
+        .await
     }
 
-    /// The second operation: publishes every written node, children before parents. On a
+    /// The second operation: publishes every written node, children before parents. Returns
+    /// the answers and the nodes whose delta base is no longer ready (to be stored alone); on a
     /// failure, the indices it concerns and the error.
     async fn finish_inline(
         &self,
@@ -392,7 +432,7 @@ impl Service {
         space: &SpaceId,
         written: Vec<Staged>,
         one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
-    ) -> Result<Vec<(usize, ApiResult<LeaseResponse>)>, (Vec<usize>, ApiError)> {
+    ) -> Result<(Answers, Vec<Staged>), (Vec<usize>, ApiError)> {
         let indices: Vec<usize> = written.iter().map(|s| s.node.index).collect();
         let failed = |e: ApiError| (indices.clone(), e);
         let now = now_ms();
@@ -403,22 +443,18 @@ impl Service {
             .map_err(|e| failed(e.into()))?;
         let mut answers = Vec::new();
         let mut retired = Vec::new();
+        let mut based_on_gone = Vec::new();
         let mut remaining = written;
         loop {
             let mut waiting = Vec::new();
             let before = remaining.len();
             for s in remaining {
-                let (encoding, stored) = s.object.unwrap_or((Encoding::Identity, 0));
+                let Some(stored) = s.object else {
+                    continue;
+                };
                 let duration = self.config.clamp_lease(s.node.element.lease_duration_ms) as i64;
                 let outcome = p
-                    .finalize(
-                        &s.generation,
-                        &s.node.evidence,
-                        encoding,
-                        stored as i64,
-                        now,
-                        duration,
-                    )
+                    .finalize(&s.generation, &s.node.evidence, stored, now, duration)
                     .await
                     .map_err(|e| failed(e.into()))?;
                 let hash = s.generation.hash;
@@ -434,6 +470,7 @@ impl Service {
                     )),
                     FinalizeOutcome::MissingChildren(missing) => waiting.push((s, missing)),
                     FinalizeOutcome::GenerationGone => retired.push(s),
+                    FinalizeOutcome::DeltaBaseGone => based_on_gone.push(s),
                 }
             }
             if waiting.is_empty() || waiting.len() == before {
@@ -459,7 +496,7 @@ impl Service {
             }
             one_by_one.push(s.node.back_to_single());
         }
-        Ok(answers)
+        Ok((answers, based_on_gone))
     }
 
     /// Stages the bytes of a validated inline node whose children are missing, so that the
@@ -498,20 +535,27 @@ impl Service {
     ) -> ApiResult<LeaseResponse> {
         let Some(content) = e.content else {
             return self
-                .lease(app, space, &e.hash, e.lease_duration_ms, e.upload_bytes)
+                .lease(
+                    app,
+                    space,
+                    &e.hash,
+                    e.lease_duration_ms,
+                    e.upload_bytes,
+                    e.delta_base,
+                )
                 .await;
         };
         let bytes = inline_bytes(&e.hash, &content)?;
         drop(content);
         let len = Some(bytes.len() as u64);
         match self
-            .lease(app, space, &e.hash, e.lease_duration_ms, len)
+            .lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)
             .await?
         {
             LeaseResponse::AwaitingUpload { .. }
             | LeaseResponse::AwaitingReplacementUpload { .. } => {
                 self.stage_inline(app, space, &e.hash, bytes).await?;
-                self.lease(app, space, &e.hash, e.lease_duration_ms, len)
+                self.lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)
                     .await
             }
             other => Ok(other),

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod blob;
 pub mod cli;
 pub mod config;
+pub mod delta;
 pub mod error;
 pub mod fsck;
 pub mod gc;
@@ -63,6 +64,8 @@ pub struct ServiceState {
     pub root_ref_queues: root_refs::RootRefQueues,
     /// Ready nodes' leases as last seen, for renewals that need no store read.
     pub leases: lease_memo::LeaseMemo,
+    /// Verified contents of delta bases.
+    pub bases: delta::BaseCache,
     /// The hosts the admin plane answers to.
     pub allowed_hosts: web_guard::AllowedHosts,
     public_url: String,
@@ -130,6 +133,7 @@ impl Service {
                 DefaultKeyedRateLimiter::keyed(Quota::per_second(rate).allow_burst(burst))
             });
         let allowed_hosts = config.host_allow_list()?;
+        let bases = delta::BaseCache::new(config.delta_cache_bytes);
         Ok(Service(Arc::new(ServiceState {
             allowed_hosts,
             validations: tokio::sync::Semaphore::new(config.max_concurrent_validations),
@@ -144,6 +148,7 @@ impl Service {
             oidc: admin::OidcCache::default(),
             root_ref_queues: root_refs::RootRefQueues::default(),
             leases: lease_memo::LeaseMemo::default(),
+            bases,
             public_url,
         })))
     }

@@ -8,9 +8,13 @@ use cas_format::wire::Rejection;
 use cas_format::{AppId, NodeDescriptor, NodeError, NodeLimits, NodeStreamValidator, SpaceId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::blob::{Encoding, SpoolFile};
+use bytes::Bytes;
+use cas_format::Hash;
+
+use crate::blob::{Encoding, SpoolFile, node_key};
+use crate::delta::IN_MEMORY_MAX;
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{Evidence, Generation};
+use crate::meta::{Evidence, Generation, StoredObject};
 use crate::{Service, failpoint};
 
 const READ_CHUNK: usize = 256 << 10;
@@ -202,16 +206,34 @@ impl Service {
         ))
     }
 
-    /// Writes the own content at `key`, compressed when configured and worthwhile. Returns the
-    /// encoding and the stored size.
+    /// Writes the own content of the node of generation `g` to its object: as a delta against
+    /// `hint` when that base is usable and it pays, else compressed when configured and
+    /// worthwhile, else as it is (see `crate::delta`). Returns what the row records.
     pub(crate) async fn write_object(
         &self,
-        key: &str,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
         spool: SpoolFile,
         size: u64,
-    ) -> ApiResult<(Encoding, u64)> {
+        hint: Option<Hash>,
+    ) -> ApiResult<StoredObject> {
+        let key = node_key(app, space, &g.hash, &g.gen_id);
         let min = self.config.compress_min_bytes;
-        if min > 0 && size >= min {
+        let compress = min > 0 && size >= min;
+        if size <= IN_MEMORY_MAX {
+            let base = self.delta_base(app, space, &g.hash, size, hint).await?;
+            if compress || base.is_some() {
+                let content = read_spool(&spool, size).await?;
+                let (bytes, stored) = self.encode_content(content, base).await?;
+                if stored.encoding != Encoding::Identity {
+                    // The spool file takes the encoded bytes: no second file per node.
+                    rewrite_spool(&spool, bytes.clone()).await?;
+                    self.put(&key, spool, bytes.len() as u64).await?;
+                    return Ok(stored);
+                }
+            }
+        } else if compress {
             let compressed = self.compress(&spool).await?;
             let len = compressed
                 .file()
@@ -220,12 +242,20 @@ impl Service {
                 .len();
             // Only when it saves at least an eighth: decompressing costs every reader.
             if len < size - size / 8 {
-                self.put(key, compressed, len).await?;
-                return Ok((Encoding::Zstd, len));
+                self.put(&key, compressed, len).await?;
+                return Ok(StoredObject {
+                    encoding: Encoding::Zstd,
+                    stored_bytes: len as i64,
+                    delta: None,
+                });
             }
         }
-        self.put(key, spool, size).await?;
-        Ok((Encoding::Identity, size))
+        self.put(&key, spool, size).await?;
+        Ok(StoredObject {
+            encoding: Encoding::Identity,
+            stored_bytes: size as i64,
+            delta: None,
+        })
     }
 
     async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
@@ -265,4 +295,35 @@ impl Service {
             .map_err(|e| ApiError::internal("compressing", e))?;
         Ok(out)
     }
+}
+
+/// The `size` bytes of a spool file, read through its handle.
+async fn read_spool(spool: &SpoolFile, size: u64) -> ApiResult<Bytes> {
+    let file = spool
+        .handle()
+        .map_err(|e| ApiError::internal("reading a spool file", e))?;
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; size as usize];
+        file.read_exact_at(&mut buf, 0)?;
+        Ok::<_, std::io::Error>(Bytes::from(buf))
+    })
+    .await
+    .map_err(|e| ApiError::internal("reading a spool file", e))?
+    .map_err(|e| ApiError::internal("reading a spool file", e))
+}
+
+/// Replaces a spool file's bytes with `bytes`.
+async fn rewrite_spool(spool: &SpoolFile, bytes: Bytes) -> ApiResult<()> {
+    let file = spool
+        .handle()
+        .map_err(|e| ApiError::internal("writing a spool file", e))?;
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        file.set_len(0)?;
+        file.write_all_at(&bytes, 0)
+    })
+    .await
+    .map_err(|e| ApiError::internal("writing a spool file", e))?
+    .map_err(|e| ApiError::internal("writing a spool file", e))
 }

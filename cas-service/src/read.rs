@@ -103,9 +103,46 @@ impl Service {
         hash: &Hash,
         range_header: Option<&str>,
     ) -> Result<NodeContent, ReadError> {
-        let row = self.ready_node(app, space, hash).await?;
+        let mut row = self.ready_node(app, space, hash).await?;
         let size = row.size as u64;
         let range = parse_range(range_header, size).map_err(ReadError::Unsatisfiable)?;
+        // A row whose object GC replaced meanwhile (re-encoding a collected base's dependent)
+        // is read again, a few times at most.
+        for _ in 0..4 {
+            if row.delta.is_some() {
+                // Rebuilt through its chain and verified, in memory (a delta is small).
+                let (row, content) = self.delta_content(app, space, row).await?;
+                let body = match range {
+                    Some((start, end)) => content.slice(start as usize..end as usize),
+                    None => content,
+                };
+                return Ok(NodeContent {
+                    row,
+                    range,
+                    body: Box::pin(std::io::Cursor::new(body)),
+                });
+            }
+            match self.open_object(app, space, &row, range).await? {
+                Some(body) => return Ok(NodeContent { row, range, body }),
+                None => row = self.ready_node(app, space, hash).await?,
+            }
+        }
+        Err(
+            ApiError::unavailable("the node's storage kept changing while it was read; retry")
+                .into(),
+        )
+    }
+
+    /// The content of a row whose object stands alone, or `None` when the object is gone and
+    /// the row changed meanwhile (read it again).
+    async fn open_object(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        row: &NodeRow,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<ObjectReader>, ReadError> {
+        let hash = &row.hash;
         let key = node_key(app, space, hash, &row.object_gen);
         let compressed = row.encoding == Encoding::Zstd;
         let object_range = if compressed { None } else { range };
@@ -115,7 +152,7 @@ impl Service {
             .await
             .map_err(|e| ApiError::storage_unavailable("reading an object", e))?;
         let Some((reader, _)) = found else {
-            // Collected since the row was read, or an integrity fault.
+            // Collected or re-encoded since the row was read, or an integrity fault.
             return match self
                 .meta
                 .node(app, space, hash)
@@ -129,6 +166,7 @@ impl Service {
                     )
                     .into())
                 }
+                Some(again) if again.is_ready() => Ok(None),
                 _ => Err(not_found().into()),
             };
         };
@@ -143,7 +181,7 @@ impl Service {
             }
             _ => decoded,
         };
-        Ok(NodeContent { row, range, body })
+        Ok(Some(body))
     }
 }
 

@@ -177,6 +177,24 @@ impl Hub {
         ))
     }
 
+    /// Names, for the new nodes of the planned `tree`, the nodes of the earlier tree `base`
+    /// they replace, so that the content store may keep them as deltas (`deltaBase`). Only
+    /// advice: a failure to read the earlier tree is logged and the save goes on.
+    pub async fn suggest_bases(
+        &self,
+        space: &cas_format::SpaceId,
+        plan: &mut cas_client::Plan,
+        tree: cas_format::Hash,
+        base: Option<cas_format::Hash>,
+    ) {
+        let (Some(base), Ok(cas)) = (base, self.cas()) else {
+            return;
+        };
+        if let Err(e) = cas.suggest_bases(space, plan, tree, base).await {
+            tracing::warn!(error = %e, %tree, %base, "no delta bases suggested");
+        }
+    }
+
     /// Makes the hub ready to serve: the local user (single-user mode), the first catalog
     /// snapshot, and whatever a crashed process left in the outbox.
     pub async fn start(&self) -> anyhow::Result<()> {

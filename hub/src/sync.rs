@@ -142,6 +142,13 @@ impl Hub {
             .with("entry_notebook", entry.as_str()));
         }
         let space = nb.project_id.space();
+        // The head as this push found it: only advice for storing the new nodes as deltas.
+        let head = match nb.head_revision {
+            Some(rev) => self.loadable(&nb, Some(rev)).await.ok().map(|v| v.tree),
+            None => None,
+        };
+        let mut plan = plan;
+        self.suggest_bases(&space, &mut plan, tree, head).await;
         let report = self
             .uploader(&space, &plan)?
             .run(&[tree])

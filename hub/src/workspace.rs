@@ -330,6 +330,7 @@ impl Hub {
                 .plan_tree_edit(&space, &mut plan, base_tree, changes.clone())
                 .await
                 .map_err(edit_error)?;
+            self.suggest_bases(&space, &mut plan, tree, base_tree).await;
             let spec = VersionSpec {
                 tree,
                 stats: TreeStats {

@@ -288,6 +288,14 @@ impl TestEnv {
         cas_service::meta::MetaStore::connect(&config).await
     }
 
+    /// The object store of this environment, opened in-process (to damage objects).
+    pub async fn blobs(&self) -> anyhow::Result<cas_service::blob::BlobStore> {
+        let mut config = cas_service::config::Config::load(None)?;
+        config.data_dir = PathBuf::from(&self.vars["UNICAS_DATA_DIR"]);
+        config.blob_store = self.vars.get("UNICAS_BLOB_STORE").cloned();
+        cas_service::blob::BlobStore::open(&config).await
+    }
+
     /// The invariants that must hold after any interleaving, checked on the database: counts
     /// never negative, every `childRefCount` equal to the edges pointing at the node, no
     /// dangling edge, balances equal to the events and to the nodes' counts, usage rows equal

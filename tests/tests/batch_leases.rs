@@ -19,6 +19,7 @@ fn inline(hash: Hash, portable: &[u8]) -> BatchLeaseElement {
         lease_duration_ms: LEASE,
         upload_bytes: None,
         content: Some(b64(portable)),
+        delta_base: None,
     }
 }
 
@@ -28,6 +29,7 @@ fn plain(hash: Hash, upload_bytes: Option<u64>) -> BatchLeaseElement {
         lease_duration_ms: LEASE,
         upload_bytes,
         content: None,
+        delta_base: None,
     }
 }
 

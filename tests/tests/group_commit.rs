@@ -167,6 +167,7 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
                                     &base64::engine::general_purpose::STANDARD,
                                     bytes,
                                 )),
+                                delta_base: None,
                             })
                             .collect();
                         let Ok(results) = client.lease_batch(&sp, elements).await else {

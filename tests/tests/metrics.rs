@@ -35,6 +35,7 @@ async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
                 &base64::engine::general_purpose::STANDARD,
                 p,
             )),
+            delta_base: None,
         })
         .collect();
     client.lease_batch(&sp, elements).await?;

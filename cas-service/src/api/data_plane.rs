@@ -235,6 +235,7 @@ pub async fn lease(
             &hash,
             req.lease_duration_ms,
             q.upload_bytes,
+            req.delta_base,
         )
         .await?;
     Ok(Json(r))

@@ -43,15 +43,20 @@ pub enum Encoding {
     Identity,
     /// One zstd frame.
     Zstd,
+    /// One zstd frame compressed with another node's own content (the row's delta base) as
+    /// its dictionary; see `crate::delta`.
+    ZstdDelta,
 }
 
 impl Encoding {
-    pub const ALL: [Encoding; 2] = [Encoding::Identity, Encoding::Zstd];
+    /// The encodings an object can be read in without another object.
+    pub const STANDALONE: [Encoding; 2] = [Encoding::Identity, Encoding::Zstd];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Encoding::Identity => "identity",
             Encoding::Zstd => "zstd",
+            Encoding::ZstdDelta => "zstd-delta",
         }
     }
 
@@ -59,18 +64,39 @@ impl Encoding {
         match s {
             "identity" => Some(Encoding::Identity),
             "zstd" => Some(Encoding::Zstd),
+            "zstd-delta" => Some(Encoding::ZstdDelta),
             _ => None,
         }
     }
 
-    /// The own content, read from an object stored this way.
+    /// The own content, read from an object stored this way. A delta cannot be read without
+    /// its base: its reader fails (read it through `Service::delta_content`).
     pub fn decode(self, object: ObjectReader) -> ObjectReader {
         match self {
             Encoding::Identity => object,
             Encoding::Zstd => Box::pin(async_compression::tokio::bufread::ZstdDecoder::new(
                 tokio::io::BufReader::new(object),
             )),
+            Encoding::ZstdDelta => {
+                drop(object);
+                Box::pin(NeedsBase)
+            }
         }
+    }
+}
+
+/// The reader of a delta object decoded without its base: every read fails.
+struct NeedsBase;
+
+impl AsyncRead for NeedsBase {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Err(std::io::Error::other(
+            "a delta object is read with its base",
+        )))
     }
 }
 /// A request body being stored.

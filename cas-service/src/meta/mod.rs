@@ -34,6 +34,7 @@ use crate::config::Config;
 mod admin;
 mod apps;
 mod check;
+mod deltas;
 mod gc;
 mod generations;
 mod nodes;
@@ -45,7 +46,7 @@ pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Backlog, Marked, RetiringGeneration};
 pub use generations::{Evidence, GenState, Generation, TargetKind};
-pub use nodes::{FinalizeOutcome, NodeRow};
+pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, StoredObject};
 pub use root_refs::{
     BalanceCursor, MAX_BATCH_HASHES, RefFilter, RootRefChange, RootRefEvent, RootRefOutcome,
     RootRefRejection,

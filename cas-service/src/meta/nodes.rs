@@ -25,16 +25,55 @@ pub struct NodeRow {
     pub child_ref_count: i64,
     pub root_ref_count: i64,
     pub collecting_since: Option<i64>,
+    /// For a delta object: the node whose content it needs, and the chain's depth.
+    pub delta: Option<DeltaBase>,
 }
 
 impl NodeRow {
     pub fn is_ready(&self) -> bool {
         self.collecting_since.is_none()
     }
+
+    /// How the row's object holds the content.
+    pub fn stored(&self) -> StoredObject {
+        StoredObject {
+            encoding: self.encoding,
+            stored_bytes: self.stored_bytes,
+            delta: self.delta,
+        }
+    }
+}
+
+/// The base a delta object is decoded with: a node of the same partition, and how many bases
+/// a read of the delta goes through (1 when the base stands alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaBase {
+    pub hash: Hash,
+    pub depth: i64,
+}
+
+/// How an object holds a node's own content: what the row records about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredObject {
+    pub encoding: Encoding,
+    pub stored_bytes: i64,
+    /// Set exactly when `encoding` is [`Encoding::ZstdDelta`].
+    pub delta: Option<DeltaBase>,
+}
+
+impl StoredObject {
+    fn base_column(&self) -> Option<Vec<u8>> {
+        self.delta.map(|d| hb(&d.hash))
+    }
+
+    fn depth(&self) -> i64 {
+        self.delta.map_or(0, |d| d.depth)
+    }
 }
 
 pub(crate) const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
-     lease_started_at, lease_expires_at, child_ref_count, root_ref_count, collecting_since";
+     lease_started_at, lease_expires_at, child_ref_count, root_ref_count, collecting_since, \
+     delta_base, delta_depth";
 
 pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
     Ok(NodeRow {
@@ -53,6 +92,16 @@ pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
         child_ref_count: row.try_get("child_ref_count")?,
         root_ref_count: row.try_get("root_ref_count")?,
         collecting_since: row.try_get("collecting_since")?,
+        delta: {
+            let base: Option<Vec<u8>> = row.try_get("delta_base")?;
+            match base {
+                None => None,
+                Some(b) => Some(DeltaBase {
+                    hash: Hash::from_slice(&b).ok_or_else(|| decode_err("delta_base", "?"))?,
+                    depth: row.try_get("delta_depth")?,
+                }),
+            }
+        },
     })
 }
 
@@ -67,6 +116,9 @@ pub enum FinalizeOutcome {
     MissingChildren(Vec<Hash>),
     /// The generation was retired meanwhile (nothing was written).
     GenerationGone,
+    /// The object is a delta whose base is no longer ready (nothing was written): store it
+    /// standalone and try again.
+    DeltaBaseGone,
 }
 
 /// The distinct refs among `refs` that are not ready, in order of first occurrence.
@@ -202,11 +254,11 @@ impl Partition {
         &mut self,
         g: &Generation,
         evidence: &Evidence,
-        encoding: Encoding,
-        stored_bytes: i64,
+        stored: StoredObject,
         now: i64,
         lease_ms: i64,
     ) -> Result<FinalizeOutcome, sqlx::Error> {
+        let stored_bytes = stored.stored_bytes;
         let (app, space) = (self.app.clone(), self.space.clone());
         let existing = self.node(&g.hash).await?;
         if let Some(row) = &existing
@@ -231,35 +283,35 @@ impl Partition {
         if !missing.is_empty() {
             return Ok(FinalizeOutcome::MissingChildren(missing));
         }
+        // A base that GC marked has its dependents listed after the mark: one published
+        // now would be missed, and lose its base.
+        if let Some(d) = stored.delta
+            && !self.node(&d.hash).await?.is_some_and(|b| b.is_ready())
+        {
+            return Ok(FinalizeOutcome::DeltaBaseGone);
+        }
         let (started, expires) = (now, now + lease_ms);
         let delta = match existing {
             Some(row) => {
                 sqlx::query(
                     "UPDATE nodes SET collecting_since = NULL, object_gen = $4, encoding = $5, \
-                     stored_bytes = $6, lease_started_at = $7, lease_expires_at = $8 \
+                     stored_bytes = $6, lease_started_at = $7, lease_expires_at = $8, \
+                     delta_base = $9, delta_depth = $10 \
                      WHERE app_id = $1 AND space_id = $2 AND hash = $3",
                 )
                 .bind(app.as_str())
                 .bind(space.as_str())
                 .bind(hb(&g.hash))
                 .bind(g.gen_id.as_str())
-                .bind(encoding.as_str())
+                .bind(stored.encoding.as_str())
                 .bind(stored_bytes)
                 .bind(started)
                 .bind(expires)
+                .bind(stored.base_column())
+                .bind(stored.depth())
                 .execute(&mut **self.tx())
                 .await?;
-                sqlx::query(
-                    "INSERT INTO retired_objects (app_id, space_id, hash, object_gen, retired_at) \
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                )
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(hb(&g.hash))
-                .bind(row.object_gen.as_str())
-                .bind(now)
-                .execute(&mut **self.tx())
-                .await?;
+                self.retire_object(&g.hash, &row.object_gen, now).await?;
                 UsageDelta {
                     not_ready_node_count: -1,
                     ready_content_bytes: evidence.content_size,
@@ -271,8 +323,8 @@ impl Partition {
                 sqlx::query(
                     "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
                      object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
-                     child_ref_count, root_ref_count, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, 0, $12)",
+                     child_ref_count, root_ref_count, created_at, delta_base, delta_depth) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, 0, $12, $13, $14)",
                 )
                 .bind(app.as_str())
                 .bind(space.as_str())
@@ -281,11 +333,13 @@ impl Partition {
                 .bind(evidence.content_type.as_str())
                 .bind(evidence.refs.len() as i64)
                 .bind(g.gen_id.as_str())
-                .bind(encoding.as_str())
+                .bind(stored.encoding.as_str())
                 .bind(stored_bytes)
                 .bind(started)
                 .bind(expires)
                 .bind(now)
+                .bind(stored.base_column())
+                .bind(stored.depth())
                 .execute(&mut **self.tx())
                 .await?;
                 self.insert_edges(&g.hash, &evidence.refs).await?;
@@ -301,6 +355,28 @@ impl Partition {
         self.set_generation_state(g, GenState::Published, 0, None)
             .await?;
         Ok(FinalizeOutcome::Published { started, expires })
+    }
+
+    /// Queues a node's superseded object for deletion by the next GC pass.
+    pub(super) async fn retire_object(
+        &mut self,
+        hash: &Hash,
+        object_gen: &str,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        sqlx::query(
+            "INSERT INTO retired_objects (app_id, space_id, hash, object_gen, retired_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(hb(hash))
+        .bind(object_gen)
+        .bind(now)
+        .execute(&mut **self.tx())
+        .await?;
+        Ok(())
     }
 
     async fn insert_edges(&mut self, parent: &Hash, refs: &[Hash]) -> Result<(), sqlx::Error> {

@@ -9,9 +9,14 @@
 //!   --topo                   every commit reachable from HEAD in topological order
 //!                            (default: `git rev-list --reverse --first-parent HEAD`)
 //!   --limit N                only the first N commits of that list
-//!   --compress-min-bytes N   threshold of the compressed replay (default 256)
-//!   --compress-level N       its zstd level (default 3, the service's default)
-//!   --no-plain | --no-zstd   skip the replay without / with compression at rest
+//!   --compress-min-bytes N   compression threshold of the replays that compress (default 64,
+//!                            the service's default)
+//!   --compress-level N       their zstd level (default 3, the service's default)
+//!   --no-plain               skip the replay with the layout before compression and deltas
+//!                            (compression off, no deltas)
+//!   --no-zstd                skip the replay with compression at rest and no deltas
+//!   --no-delta               skip the replay with the service's defaults (compression and
+//!                            deltas against the bases the hub names)
 //!   --no-restic | --no-git   skip those baselines
 //!   --fs                     the filesystem store even when an S3 server is configured
 //!   --csv FILE               also write one line per push to FILE
@@ -47,6 +52,14 @@ use tests::fault_proxy::FaultProxy;
 use tests::hub::{HubClient, HubEnv};
 use tests::{Backend, Blobs};
 
+/// How the CAS of one replay stores objects.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    compress_min_bytes: u64,
+    compress_level: i32,
+    delta_max_depth: u32,
+}
+
 #[derive(Debug, Clone)]
 struct Options {
     repo: PathBuf,
@@ -56,6 +69,7 @@ struct Options {
     compress_level: i32,
     plain: bool,
     zstd: bool,
+    delta: bool,
     restic: bool,
     git: bool,
     fs: bool,
@@ -65,7 +79,8 @@ struct Options {
 fn usage() -> anyhow::Error {
     anyhow::anyhow!(
         "usage: hub-bench REPO [--topo] [--limit N] [--compress-min-bytes N] \
-         [--compress-level N] [--no-plain] [--no-zstd] [--no-restic] [--no-git] [--fs] [--csv FILE]"
+         [--compress-level N] [--no-plain] [--no-zstd] [--no-delta] [--no-restic] [--no-git] \
+         [--fs] [--csv FILE]"
     )
 }
 
@@ -76,10 +91,11 @@ fn parse_options() -> anyhow::Result<Options> {
         repo: PathBuf::new(),
         topo: false,
         limit: None,
-        compress_min_bytes: 256,
+        compress_min_bytes: 64,
         compress_level: 3,
         plain: true,
         zstd: true,
+        delta: true,
         restic: true,
         git: true,
         fs: false,
@@ -97,6 +113,7 @@ fn parse_options() -> anyhow::Result<Options> {
             "--compress-level" => o.compress_level = value("--compress-level")?.parse()?,
             "--no-plain" => o.plain = false,
             "--no-zstd" => o.zstd = false,
+            "--no-delta" => o.delta = false,
             "--no-restic" => o.restic = false,
             "--no-git" => o.git = false,
             "--fs" => o.fs = true,
@@ -158,6 +175,8 @@ struct Commit {
     files: u64,
     /// Distinct blobs of regular files: object id → size.
     blobs: Vec<(String, u64)>,
+    /// The paths of its regular files.
+    paths: Vec<String>,
 }
 
 /// The regular files of `commit`'s tree; `None` when the repository lacks one of its objects.
@@ -176,10 +195,11 @@ fn tree_of(git_dir: &Path, commit: &str) -> anyhow::Result<Option<Commit>> {
         bytes: 0,
         files: 0,
         blobs: Vec::new(),
+        paths: Vec::new(),
     };
     for entry in out.stdout.split(|b| *b == 0).filter(|e| !e.is_empty()) {
         let entry = std::str::from_utf8(entry)?;
-        let (meta, _path) = entry.split_once('\t').context("ls-tree entry")?;
+        let (meta, path) = entry.split_once('\t').context("ls-tree entry")?;
         let f: Vec<&str> = meta.split_whitespace().collect();
         // <mode> SP <type> SP <object> SP+ <size>
         if f.len() == 4 && f[1] == "blob" && (f[0] == "100644" || f[0] == "100755") {
@@ -190,9 +210,64 @@ fn tree_of(git_dir: &Path, commit: &str) -> anyhow::Result<Option<Commit>> {
             c.bytes += size;
             c.files += 1;
             c.blobs.push((f[2].to_string(), size));
+            c.paths.push(path.to_string());
         }
     }
     Ok(Some(c))
+}
+
+/// Reads of old files: this many, each a random file of a random version of the older half of
+/// the history, through `GET …/versions/{vid}/files/{path}`, checked against git's bytes.
+const OLD_READS: usize = 200;
+
+/// `s` with every byte but the unreserved ones percent-encoded, for a URL path segment.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+async fn read_old_files(
+    client: &HubClient,
+    pid: &str,
+    nid: &str,
+    commits: &[Commit],
+    versions: &[String],
+) -> anyhow::Result<Vec<Duration>> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let half = commits.len().div_ceil(2);
+    let mut took = Vec::with_capacity(OLD_READS);
+    for _ in 0..OLD_READS {
+        let i = rng.random_range(0..half);
+        let c = &commits[i];
+        if c.paths.is_empty() {
+            continue;
+        }
+        let k = rng.random_range(0..c.paths.len());
+        let path: Vec<String> = c.paths[k].split('/').map(percent_encode).collect();
+        let url = format!(
+            "/api/v1/projects/{pid}/notebooks/{nid}/versions/{}/files/{}",
+            versions[i],
+            path.join("/")
+        );
+        let t = Instant::now();
+        let (status, bytes) = client.get_bytes(&url).await?;
+        took.push(t.elapsed());
+        anyhow::ensure!(status.is_success(), "{url}: {status}");
+        anyhow::ensure!(
+            bytes.len() as u64 == c.blobs[k].1,
+            "{url}: {} bytes, git has {}",
+            bytes.len(),
+            c.blobs[k].1
+        );
+    }
+    Ok(took)
 }
 
 /// The tar of `commit`'s tree, as `git archive` streams it.
@@ -424,6 +499,8 @@ struct Push {
 
 struct Replay {
     label: String,
+    /// Latencies of reading a random file of a random version of the older half.
+    old_reads: Vec<Duration>,
     storage: Value,
     pushes: Vec<Push>,
     measured_store: bool,
@@ -505,7 +582,7 @@ async fn replay(
     o: &Options,
     commits: &[Commit],
     label: &str,
-    compress: Option<(u64, i32)>,
+    layout: Layout,
 ) -> anyhow::Result<Replay> {
     let s3 = !o.fs
         && std::env::var("UNICAS_S3_ENDPOINT").is_ok()
@@ -519,10 +596,9 @@ async fn replay(
     env.set("UNICAS_RATE_LIMIT_PER_IP", 0)
         .set("UNICAS_RATE_LIMIT_PER_APP", 0)
         .set("UNICAS_HUB_SYNC_MAX_BYTES", 4u64 << 30);
-    if let Some((min, level)) = compress {
-        env.set("UNICAS_COMPRESS_MIN_BYTES", min)
-            .set("UNICAS_COMPRESS_LEVEL", level);
-    }
+    env.set("UNICAS_COMPRESS_MIN_BYTES", layout.compress_min_bytes)
+        .set("UNICAS_COMPRESS_LEVEL", layout.compress_level)
+        .set("UNICAS_DELTA_MAX_DEPTH", layout.delta_max_depth);
     let proxy = if backend.blobs == Blobs::S3 {
         let upstream = std::env::var("UNICAS_S3_ENDPOINT")?;
         let proxy = FaultProxy::start(&upstream).await?;
@@ -551,6 +627,10 @@ async fn replay(
         status.is_success(),
         "creating the notebook: {status} {created}"
     );
+    let nid = created["data"]["id"]
+        .as_str()
+        .context("no notebook id")?
+        .to_string();
     let sync_token = created["data"]["sync_token"]
         .as_str()
         .context("no sync token")?
@@ -559,6 +639,7 @@ async fn replay(
     let http = reqwest::Client::new();
 
     let mut pushes = Vec::with_capacity(commits.len());
+    let mut versions = Vec::with_capacity(commits.len());
     let started = Instant::now();
     for (i, c) in commits.iter().enumerate() {
         let tar = archive(&o.repo, &c.id)?;
@@ -585,6 +666,7 @@ async fn replay(
         }
         let cas_after = cas_requests(&http, &cas_url).await?;
         let d = &answer["data"];
+        versions.push(d["version_id"].as_str().unwrap_or_default().to_string());
         let n = |k: &str| d[k].as_u64().unwrap_or(0);
         let mut p = Push {
             received_bytes: n("received_bytes"),
@@ -614,9 +696,11 @@ async fn replay(
         .get(&format!("/api/v1/projects/{pid}/storage"))
         .await?;
     anyhow::ensure!(status.is_success(), "storage: {status} {storage}");
+    let old_reads = read_old_files(&client, &pid, &nid, commits, &versions).await?;
     drop(server);
     Ok(Replay {
         label: label.to_string(),
+        old_reads,
         storage: storage["data"].clone(),
         pushes,
         measured_store: proxy.is_some(),
@@ -784,29 +868,40 @@ async fn main() -> anyhow::Result<()> {
 
     let work = tempfile::Builder::new().prefix("hub-bench-").tempdir()?;
 
-    // The hub, without and with compression at rest.
+    // The hub, with the layout before compression and deltas, with compression alone, and
+    // with the defaults (compression and deltas).
     let mut replays = Vec::new();
-    let zstd_label = format!(
-        "zstd >= {} B, level {}",
-        o.compress_min_bytes, o.compress_level
-    );
-    let mut variants: Vec<(String, Option<(u64, i32)>)> = Vec::new();
+    let zstd = |delta_max_depth| Layout {
+        compress_min_bytes: o.compress_min_bytes,
+        compress_level: o.compress_level,
+        delta_max_depth,
+    };
+    let mut variants: Vec<(String, Layout)> = Vec::new();
     if o.plain {
-        variants.push(("compression off".to_string(), None));
+        let off = Layout {
+            compress_min_bytes: 0,
+            compress_level: o.compress_level,
+            delta_max_depth: 0,
+        };
+        variants.push(("compression off".to_string(), off));
     }
     if o.zstd {
-        variants.push((
-            zstd_label.clone(),
-            Some((o.compress_min_bytes, o.compress_level)),
-        ));
+        let label = format!(
+            "zstd >= {} B, level {}",
+            o.compress_min_bytes, o.compress_level
+        );
+        variants.push((label, zstd(0)));
     }
-    for (label, compress) in &variants {
+    if o.delta {
+        variants.push(("zstd + deltas (defaults)".to_string(), zstd(8)));
+    }
+    for (label, layout) in &variants {
         let t = Instant::now();
         eprintln!(
             "replaying {} commits through the hub ({label})",
             commits.len()
         );
-        let r = replay(&o, &commits, label, *compress)
+        let r = replay(&o, &commits, label, *layout)
             .await
             .with_context(|| format!("replay ({label})"))?;
         eprintln!("  done in {:.0} s", t.elapsed().as_secs_f64());
@@ -1061,6 +1156,18 @@ async fn main() -> anyhow::Result<()> {
         row(
             "  first push, ms",
             &col(&|r| format!("{:.0}", ms(r.pushes[0].latency))),
+        );
+        row(
+            &format!("read a file of an old version ({OLD_READS}), ms: p50 / p99 / mean"),
+            &col(&|r| {
+                let l = &r.old_reads;
+                format!(
+                    "{:.1} / {:.1} / {:.1}",
+                    ms(pct(l, 0.5).unwrap_or_default()),
+                    ms(pct(l, 0.99).unwrap_or_default()),
+                    l.iter().map(|d| ms(*d)).sum::<f64>() / l.len().max(1) as f64
+                )
+            }),
         );
         if let Some(Ok(rs)) = &restic_result {
             let l = &rs.backups;

@@ -276,6 +276,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
                                     &base64::engine::general_purpose::STANDARD,
                                     &bytes,
                                 )),
+                                delta_base: None,
                             }
                         })
                         .collect();
