@@ -155,6 +155,12 @@ impl Service {
             .put_file(&key, spool, len)
             .await
             .map_err(|e| ApiError::blob("writing an object", e))?;
+        if failpoint::hit("gc.rebase_after_object").await {
+            return Err(ApiError::storage_unavailable(
+                "rewriting a delta",
+                "failpoint gc.rebase_after_object",
+            ));
+        }
         let mut p = self.meta.gate(app, space).await?;
         let done = p
             .store_alone(&row.hash, &row.object_gen, &object_gen, stored, now_ms())

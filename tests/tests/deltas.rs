@@ -219,6 +219,81 @@ async fn a_damaged_base_is_an_error(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Killed while GC stores a dependent alone (after writing its new object; after pointing its
+/// row at it): after a restart the dependent reads back, the next passes finish, and fsck finds
+/// the store consistent.
+async fn killed_while_gc_stores_a_dependent_alone(b: Backend) -> anyhow::Result<()> {
+    let mut env = TestEnv::new(b).await?;
+    env.set("UNICAS_GC_STALE_MARK_MS", 300);
+    let app = env.create_app("hub")?;
+    let meta = env.meta().await?;
+    for (i, failpoint) in ["gc.rebase_after_object", "gc.after_rebase"]
+        .into_iter()
+        .enumerate()
+    {
+        let sp = space(&format!("s{i}"));
+        let v1 = text(i as u64 + 20, 40_000);
+        let v2 = edited(&v1, failpoint);
+        let h2 = {
+            let server = env.start()?;
+            let client = app.client(&server);
+            let h1 = store(&client, &sp, leaf(&v1).1, None).await?;
+            let h2 = store(&client, &sp, leaf(&v2).1, Some(h1)).await?;
+            let keep: cas_format::RequestId = format!("keep-{i}").parse()?;
+            client
+                .update_root_refs(&sp, &keep, [(h2, 1)].into())
+                .await?;
+            h2
+        };
+        assert!(
+            meta.node(&app.app, &sp, &h2)
+                .await?
+                .and_then(|r| r.delta)
+                .is_some()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+        let server = env.start_with(&[("UNICAS_FAILPOINTS", &format!("{failpoint}=pause"))])?;
+        let client = app.client(&server);
+        let gc_sp = sp.clone();
+        tokio::spawn(async move { client.gc(&gc_sp, None).await });
+        server
+            .wait_for_log(
+                &format!("failpoint {failpoint} reached"),
+                std::time::Duration::from_secs(20),
+            )
+            .await?;
+        server.kill();
+        env.check_invariants(&meta, &app.app).await?;
+
+        let server = env.start()?;
+        let client = app.client(&server);
+        assert_eq!(
+            &client.read_node(&sp, &h2).await?[..],
+            &v2[..],
+            "{failpoint}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        for _ in 0..3 {
+            client.gc(&sp, None).await?;
+        }
+        let row = meta.node(&app.app, &sp, &h2).await?.expect("the kept node");
+        assert_eq!(row.delta, None, "{failpoint}: stored alone");
+        assert_eq!(
+            client.usage(&sp).await?.node_count,
+            1,
+            "{failpoint}: the base is gone"
+        );
+        assert_eq!(
+            &client.read_node(&sp, &h2).await?[..],
+            &v2[..],
+            "{failpoint}"
+        );
+    }
+    env.check_invariants(&meta, &app.app).await?;
+    env.assert_consistent("hub")?;
+    Ok(())
+}
+
 /// The hub names the previous version of each changed file, chunk and directory: ten saves
 /// of one notebook, each adding a line, grow the store by a fraction of what the same saves
 /// cost without deltas, and every version reads back.
@@ -282,6 +357,7 @@ async fn hub_saves_are_stored_as_deltas(b: Backend) -> anyhow::Result<()> {
 e2e!(
     deltas_are_read_back_and_outlive_their_bases,
     a_damaged_base_is_an_error,
+    killed_while_gc_stores_a_dependent_alone,
 );
 
 hub_e2e!(hub_saves_are_stored_as_deltas);

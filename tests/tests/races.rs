@@ -37,10 +37,13 @@ fn now_ms() -> i64 {
 }
 
 /// A fixed universe of nodes: leaves, parents over leaves (with duplicate refs), grandparents.
+/// The leaves are versions of one text, each stored naming the one before as its delta base,
+/// so that GC races with deltas and their bases too.
 struct Universe {
     nodes: HashMap<Hash, Bytes>,
     refs: HashMap<Hash, Vec<Hash>>,
     all: Vec<Hash>,
+    bases: Vec<(Hash, Hash)>,
 }
 
 impl Universe {
@@ -54,13 +57,17 @@ impl Universe {
             refs.insert(h, r);
             all.push(h);
         };
+        let text: String = (0..200)
+            .map(|k| format!("line {k} of a notebook\n"))
+            .collect();
         let leaves: Vec<Hash> = (0..12u8)
             .map(|i| {
-                let (h, b) = leaf(&[i; 7]);
+                let (h, b) = leaf(format!("{text}version {i}\n").as_bytes());
                 add(h, b, vec![], &mut all);
                 h
             })
             .collect();
+        let bases = leaves.windows(2).map(|w| (w[1], w[0])).collect();
         let mut parents = Vec::new();
         for i in 0..6u8 {
             let n = rng.random_range(2..5);
@@ -80,7 +87,12 @@ impl Universe {
             let (h, b) = node("application/x-test", &r, &[b'g', i]);
             add(h, b, r, &mut all);
         }
-        Universe { nodes, refs, all }
+        Universe {
+            nodes,
+            refs,
+            all,
+            bases,
+        }
     }
 
     fn descendants(&self, h: &Hash, out: &mut BTreeSet<Hash>) {
@@ -141,7 +153,16 @@ async fn store(
     model: &Mutex<Model>,
 ) -> anyhow::Result<()> {
     let started = now_ms();
-    client.store_dag(sp, &u.nodes, &[h], SHORT, 4).await?;
+    let mut plan = cas_client::Plan::default();
+    for b in u.nodes.values() {
+        plan.add_portable(b.clone())?;
+    }
+    for (n, base) in &u.bases {
+        plan.suggest_base(*n, *base);
+    }
+    cas_client::Uploader::new(client, sp, &plan, SHORT, 4)
+        .run(&[h])
+        .await?;
     // Every node of the subtree was leased for SHORT at or after `started`.
     let mut sub = BTreeSet::from([h]);
     u.descendants(&h, &mut sub);
@@ -169,6 +190,8 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
     let counter = Arc::new(AtomicU64::new(0));
     const CLIENTS: usize = 4;
     const ROUNDS: usize = 30;
+    // Nodes found stored as deltas at the end of some round.
+    let mut deltas_seen = BTreeSet::new();
     for round in 0..ROUNDS {
         let mut tasks = Vec::new();
         for c in 0..CLIENTS {
@@ -274,14 +297,33 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
         let m = model.lock().await;
         let now = now_ms();
         let protected = m.protected(&u, now);
+        for h in &u.all {
+            if let Some(row) = meta.node(&app.app, &sp, h).await?
+                && row.delta.is_some()
+            {
+                deltas_seen.insert(*h);
+            }
+        }
         for h in &protected {
-            match client.read_metadata(&sp, h).await {
-                Ok(meta) => {
+            let read = match client.read_metadata(&sp, h).await {
+                Ok(meta) => client.read_node(&sp, h).await.map(|c| (meta, c)),
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok((meta, content)) => {
                     let want = m.root.get(h).copied().unwrap_or(0);
                     anyhow::ensure!(
                         meta.state.root_ref_count == want,
                         "round {round}: {h} has {} root refs, the model {want}",
                         meta.state.root_ref_count
+                    );
+                    let stored = cas_format::decode_portable(
+                        &u.nodes[h],
+                        &cas_format::NodeLimits::format_max(),
+                    )?;
+                    anyhow::ensure!(
+                        content == stored.content,
+                        "round {round}: {h} reads other bytes"
                     );
                 }
                 Err(e)
@@ -296,6 +338,7 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
         drop(m);
         env.check_invariants(&meta, &app.app).await?;
     }
+    assert!(!deltas_seen.is_empty(), "the races ran with deltas");
     // Revisions of accepted updates are distinct and gap-free.
     let m = model.lock().await;
     let revisions: BTreeSet<u64> = m.requests.values().map(|(_, r)| *r).collect();
