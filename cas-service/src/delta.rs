@@ -434,6 +434,15 @@ impl Service {
         Ok(Bytes::from(buf))
     }
 
+    /// One of the permits that bound content held in memory (a node, its base and its
+    /// encoding: at most three times [`IN_MEMORY_MAX`] each).
+    pub(crate) async fn in_memory_permit(&self) -> ApiResult<tokio::sync::SemaphorePermit<'_>> {
+        self.in_memory
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable("shutting down"))
+    }
+
     /// The content of a ready node read through its delta chain: the rows are read again and
     /// the chain retried when GC moved an object meanwhile.
     pub(crate) async fn delta_content(
@@ -442,6 +451,7 @@ impl Service {
         space: &SpaceId,
         mut row: NodeRow,
     ) -> ApiResult<(NodeRow, Bytes)> {
+        let _permit = self.in_memory_permit().await?;
         for _ in 0..4 {
             match self.stored_content(app, space, &row).await {
                 Ok(content) => return Ok((row, content)),

@@ -122,6 +122,7 @@ impl Service {
     /// Rewrites a delta node's content as an object that stands alone, and points its row at
     /// it (unless the row changed meanwhile: then the new object goes).
     async fn store_alone(&self, app: &AppId, space: &SpaceId, row: &NodeRow) -> ApiResult<()> {
+        let _permit = self.in_memory_permit().await?;
         let content = match self.stored_content(app, space, row).await {
             Ok(c) => c,
             Err(ContentError::Failed(e)) => return Err(e),

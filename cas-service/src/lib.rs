@@ -57,6 +57,8 @@ pub struct ServiceState {
     pub metrics: Arc<Metrics>,
     /// Bounds concurrent validations (memory and spool space).
     pub validations: tokio::sync::Semaphore,
+    /// Bounds content held in memory to be encoded, or rebuilt through a delta chain.
+    pub in_memory: tokio::sync::Semaphore,
     /// Outbound HTTP (OpenID Connect providers).
     pub http: reqwest::Client,
     pub oidc: admin::OidcCache,
@@ -137,6 +139,7 @@ impl Service {
         Ok(Service(Arc::new(ServiceState {
             allowed_hosts,
             validations: tokio::sync::Semaphore::new(config.max_concurrent_validations),
+            in_memory: tokio::sync::Semaphore::new(config.max_concurrent_validations),
             config,
             meta,
             blobs,

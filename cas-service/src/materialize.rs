@@ -221,17 +221,25 @@ impl Service {
         let key = node_key(app, space, &g.hash, &g.gen_id);
         let min = self.config.compress_min_bytes;
         let compress = min > 0 && size >= min;
-        if size <= IN_MEMORY_MAX {
-            let base = self.delta_base(app, space, &g.hash, size, hint).await?;
-            if compress || base.is_some() {
-                let content = read_spool(&spool, size).await?;
-                let (bytes, stored) = self.encode_content(content, base).await?;
-                if stored.encoding != Encoding::Identity {
-                    // The spool file takes the encoded bytes: no second file per node.
-                    rewrite_spool(&spool, bytes.clone()).await?;
-                    self.put(&key, spool, bytes.len() as u64).await?;
-                    return Ok(stored);
+        if size <= IN_MEMORY_MAX && (compress || hint.is_some()) {
+            let encoded = {
+                let _permit = self.in_memory_permit().await?;
+                match self.delta_base(app, space, &g.hash, size, hint).await? {
+                    None if !compress => None,
+                    base => {
+                        let content = read_spool(&spool, size).await?;
+                        let (bytes, stored) = self.encode_content(content, base).await?;
+                        if stored.encoding != Encoding::Identity {
+                            // The spool file takes the encoded bytes: no second file per node.
+                            rewrite_spool(&spool, bytes).await?;
+                        }
+                        Some(stored)
+                    }
                 }
+            };
+            if let Some(stored) = encoded {
+                self.put(&key, spool, stored.stored_bytes as u64).await?;
+                return Ok(stored);
             }
         } else if compress {
             let compressed = self.compress(&spool).await?;

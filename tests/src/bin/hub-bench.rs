@@ -15,6 +15,8 @@
 //!   --no-plain               skip the replay with the layout before compression and deltas
 //!                            (compression off, no deltas)
 //!   --no-zstd                skip the replay with compression at rest and no deltas
+//!   --delta-max-depth N      chain depth of the replay with deltas (default 8, the service's
+//!                            default)
 //!   --no-delta               skip the replay with the service's defaults (compression and
 //!                            deltas against the bases the hub names)
 //!   --no-restic | --no-git   skip those baselines
@@ -67,6 +69,7 @@ struct Options {
     limit: Option<usize>,
     compress_min_bytes: u64,
     compress_level: i32,
+    delta_max_depth: u32,
     plain: bool,
     zstd: bool,
     delta: bool,
@@ -79,7 +82,7 @@ struct Options {
 fn usage() -> anyhow::Error {
     anyhow::anyhow!(
         "usage: hub-bench REPO [--topo] [--limit N] [--compress-min-bytes N] \
-         [--compress-level N] [--no-plain] [--no-zstd] [--no-delta] [--no-restic] [--no-git] \
+         [--compress-level N] [--delta-max-depth N] [--no-plain] [--no-zstd] [--no-delta] [--no-restic] [--no-git] \
          [--fs] [--csv FILE]"
     )
 }
@@ -93,6 +96,7 @@ fn parse_options() -> anyhow::Result<Options> {
         limit: None,
         compress_min_bytes: 64,
         compress_level: 3,
+        delta_max_depth: 8,
         plain: true,
         zstd: true,
         delta: true,
@@ -111,6 +115,7 @@ fn parse_options() -> anyhow::Result<Options> {
                 anyhow::ensure!(o.compress_min_bytes > 0, "--compress-min-bytes must be > 0");
             }
             "--compress-level" => o.compress_level = value("--compress-level")?.parse()?,
+            "--delta-max-depth" => o.delta_max_depth = value("--delta-max-depth")?.parse()?,
             "--no-plain" => o.plain = false,
             "--no-zstd" => o.zstd = false,
             "--no-delta" => o.delta = false,
@@ -627,7 +632,7 @@ async fn replay(
         status.is_success(),
         "creating the notebook: {status} {created}"
     );
-    let nid = created["data"]["id"]
+    let nid = created["data"]["notebook"]["id"]
         .as_str()
         .context("no notebook id")?
         .to_string();
@@ -893,7 +898,13 @@ async fn main() -> anyhow::Result<()> {
         variants.push((label, zstd(0)));
     }
     if o.delta {
-        variants.push(("zstd + deltas (defaults)".to_string(), zstd(8)));
+        let label = if o.delta_max_depth == 8 && o.compress_level == 3 && o.compress_min_bytes == 64
+        {
+            "zstd + deltas (defaults)".to_string()
+        } else {
+            format!("zstd + deltas, depth {}", o.delta_max_depth)
+        };
+        variants.push((label, zstd(o.delta_max_depth)));
     }
     for (label, layout) in &variants {
         let t = Instant::now();
@@ -1277,13 +1288,13 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(g) = git_base {
         println!(
-            "  note: the CAS dedups whole files (and chunks above 1 MiB); it stores each distinct \
-             file version once ({} here) plus one tree node per changed directory and one \
-             version node per push. git stores most versions as deltas against a neighbour and \
-             zlib-compresses everything ({} here). Compression at rest per object \
-             (UNICAS_COMPRESS_MIN_BYTES) closes part of the gap; reaching git needs redundancy \
-             removed across versions of a file: delta or small-chunk dedup of files below 1 MiB, \
-             or compression with a dictionary shared by neighbouring versions.",
+            "  note: the CAS cuts notebooks at their cells and other text into chunks of a few \
+             KiB, stores each distinct chunk once (the distinct file versions hold {} here), \
+             plus one tree node per changed directory and one version node per push; with the \
+             defaults each object is zstd-compressed and a changed chunk, file or directory is \
+             kept as a delta against the one it replaces. git also compresses many objects \
+             together in a pack ({} here): chunks compressed one by one lose that context, which \
+             is what packs of small nodes would recover.",
             mb(distinct_bytes),
             mb(g)
         );
