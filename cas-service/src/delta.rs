@@ -482,7 +482,8 @@ impl Service {
     }
 }
 
-fn identity(size: u64) -> StoredObject {
+/// An object that holds `size` bytes of content as they are.
+pub(crate) fn identity(size: u64) -> StoredObject {
     StoredObject {
         encoding: Encoding::Identity,
         stored_bytes: size as i64,

@@ -142,20 +142,7 @@ impl Service {
         let (bytes, stored) = self.encode_content(content, None).await?;
         let object_gen = ulid::Ulid::generate().to_string();
         let key = node_key(app, space, &row.hash, &object_gen);
-        let len = bytes.len() as u64;
-        let body = Box::pin(futures_util::stream::once(async move {
-            Ok::<_, std::io::Error>(bytes)
-        }));
-        let (spool, _) = self
-            .blobs
-            .spool()
-            .write(&key, body, len)
-            .await
-            .map_err(|e| ApiError::internal("spooling an object", e))?;
-        self.blobs
-            .put_file(&key, spool, len)
-            .await
-            .map_err(|e| ApiError::blob("writing an object", e))?;
+        self.put_bytes(&key, bytes).await?;
         if failpoint::hit("gc.rebase_after_object").await {
             return Err(ApiError::storage_unavailable(
                 "rewriting a delta",

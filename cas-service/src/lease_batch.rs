@@ -402,25 +402,8 @@ impl Service {
             ApiError::internal("spooling an inline node", "its content outgrows its bytes")
         })?;
         let own = bytes.slice(start..);
-        let key = node_key(app, space, &s.generation.hash, &s.generation.gen_id);
-        let body = Box::pin(futures_util::stream::once(async move {
-            Ok::<_, std::io::Error>(own)
-        }));
-        let (spool, _) = self
-            .blobs
-            .spool()
-            .write(&key, body, size)
+        self.write_content(app, space, &s.generation, own, s.node.element.delta_base)
             .await
-            .map_err(|e| ApiError::internal("spooling an inline node", e))?;
-        self.write_object(
-            app,
-            space,
-            &s.generation,
-            spool,
-            size,
-            s.node.element.delta_base,
-        )
-        .await
     }
 
     /// The second operation: publishes every written node, children before parents. Returns

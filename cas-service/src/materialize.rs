@@ -12,7 +12,7 @@ use bytes::Bytes;
 use cas_format::Hash;
 
 use crate::blob::{Encoding, SpoolFile, node_key};
-use crate::delta::IN_MEMORY_MAX;
+use crate::delta::{IN_MEMORY_MAX, identity};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Evidence, Generation, StoredObject};
 use crate::{Service, failpoint};
@@ -259,11 +259,46 @@ impl Service {
             }
         }
         self.put(&key, spool, size).await?;
-        Ok(StoredObject {
-            encoding: Encoding::Identity,
-            stored_bytes: size as i64,
-            delta: None,
-        })
+        Ok(identity(size))
+    }
+
+    /// As [`Service::write_object`], for own content already in memory (an inline node):
+    /// encoded there, and spooled once.
+    pub(crate) async fn write_content(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+        own: Bytes,
+        hint: Option<Hash>,
+    ) -> ApiResult<StoredObject> {
+        let key = node_key(app, space, &g.hash, &g.gen_id);
+        let size = own.len() as u64;
+        let min = self.config.compress_min_bytes;
+        let (bytes, stored) = if (min > 0 && size >= min) || hint.is_some() {
+            let _permit = self.in_memory_permit().await?;
+            let base = self.delta_base(app, space, &g.hash, size, hint).await?;
+            self.encode_content(own, base).await?
+        } else {
+            (own, identity(size))
+        };
+        self.put_bytes(&key, bytes).await?;
+        Ok(stored)
+    }
+
+    /// Writes an object held in memory at `key` (through one spool file).
+    pub(crate) async fn put_bytes(&self, key: &str, bytes: Bytes) -> ApiResult<()> {
+        let len = bytes.len() as u64;
+        let body = Box::pin(futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(bytes)
+        }));
+        let (spool, _) = self
+            .blobs
+            .spool()
+            .write(key, body, len)
+            .await
+            .map_err(|e| ApiError::internal("spooling an object", e))?;
+        self.put(key, spool, len).await
     }
 
     async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
