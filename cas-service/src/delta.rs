@@ -37,6 +37,16 @@ struct Key {
     hash: Hash,
 }
 
+impl Key {
+    fn new(app: &AppId, space: &SpaceId, hash: &Hash) -> Key {
+        Key {
+            app: app.clone(),
+            space: space.clone(),
+            hash: *hash,
+        }
+    }
+}
+
 /// Verified node contents by (App, Space, hash), least recently used first out, bounded in
 /// bytes. A node's content never changes, so an entry is never stale.
 #[derive(Debug)]
@@ -67,14 +77,9 @@ impl BaseCache {
     }
 
     pub fn get(&self, app: &AppId, space: &SpaceId, hash: &Hash) -> Option<Bytes> {
-        let key = Key {
-            app: app.clone(),
-            space: space.clone(),
-            hash: *hash,
-        };
+        let key = Key::new(app, space, hash);
         let mut inner = self.lock();
-        inner.tick += 1;
-        let tick = inner.tick;
+        let tick = inner.next_tick();
         let content = {
             let entry = inner.entries.get_mut(&key)?;
             entry.1 = tick;
@@ -89,14 +94,9 @@ impl BaseCache {
         if content.len() > self.max_bytes / 4 {
             return;
         }
-        let key = Key {
-            app: app.clone(),
-            space: space.clone(),
-            hash: *hash,
-        };
+        let key = Key::new(app, space, hash);
         let mut inner = self.lock();
-        inner.tick += 1;
-        let tick = inner.tick;
+        let tick = inner.next_tick();
         let len = content.len();
         if let Some(old) = inner.entries.insert(key.clone(), (content, tick)) {
             inner.bytes -= old.0.len();
@@ -122,6 +122,11 @@ impl BaseCache {
 }
 
 impl CacheInner {
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
     /// Drops stale order elements once they outnumber the entries.
     fn compact(&mut self) {
         if self.order.len() > 2 * self.entries.len() + 64 {

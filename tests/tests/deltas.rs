@@ -55,6 +55,24 @@ fn edited(base: &[u8], what: &str) -> Vec<u8> {
     v
 }
 
+/// An environment with the App `hub`, a server, its client and the metadata store.
+async fn start(
+    b: Backend,
+) -> anyhow::Result<(
+    TestEnv,
+    TestApp,
+    Server,
+    cas_client::AppCasClient,
+    cas_service::meta::MetaStore,
+)> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let meta = env.meta().await?;
+    Ok((env, app, server, client, meta))
+}
+
 /// Stores `portable` (node `hash`) through the uploader, naming `base` as its delta base.
 async fn store(
     client: &cas_client::AppCasClient,
@@ -77,11 +95,7 @@ async fn store(
 /// takes the bases while the newest is held and stores it alone first; a base that is gone is
 /// not used; fsck (which rebuilds every delta) finds it all consistent.
 async fn deltas_are_read_back_and_outlive_their_bases(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let meta = env.meta().await?;
+    let (env, app, server, client, meta) = start(b).await?;
     let sp = space("s");
     let row = |h: Hash| {
         let (meta, app, sp) = (meta.clone(), app.app.clone(), sp.clone());
@@ -172,11 +186,7 @@ async fn deltas_are_read_back_and_outlive_their_bases(b: Backend) -> anyhow::Res
 /// A delta whose base object is damaged is an error on read and in fsck, never other bytes,
 /// also after a restart (nothing cached).
 async fn a_damaged_base_is_an_error(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let meta = env.meta().await?;
+    let (env, app, server, client, meta) = start(b).await?;
     let sp = space("s");
     let v1 = text(1, 30_000);
     let v2 = edited(&v1, "two");
