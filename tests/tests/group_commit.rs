@@ -204,7 +204,16 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
                 }
             }));
         }
+        // Kill while writes are in flight, once some have been answered in this round (a
+        // loaded machine answers later; the kill must not come before any answer).
+        let answered_before = sent.lock().unwrap().answered.len();
         tokio::time::sleep(Duration::from_millis(400 + 300 * round as u64)).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while sent.lock().unwrap().answered.len() < answered_before + 8
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         server.kill();
         for w in writers {
             w.await?;

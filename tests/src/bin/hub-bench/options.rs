@@ -1,0 +1,84 @@
+//! The command line of the hub benchmark.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+/// How the CAS of one replay stores objects.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub(crate) compress_min_bytes: u64,
+    pub(crate) compress_level: i32,
+    pub(crate) delta_max_depth: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) repo: PathBuf,
+    pub(crate) topo: bool,
+    pub(crate) limit: Option<usize>,
+    pub(crate) compress_min_bytes: u64,
+    pub(crate) compress_level: i32,
+    pub(crate) delta_max_depth: u32,
+    pub(crate) plain: bool,
+    pub(crate) zstd: bool,
+    pub(crate) delta: bool,
+    pub(crate) restic: bool,
+    pub(crate) git: bool,
+    pub(crate) fs: bool,
+    pub(crate) csv: Option<PathBuf>,
+}
+
+pub(crate) fn usage() -> anyhow::Error {
+    anyhow::anyhow!(
+        "usage: hub-bench REPO [--topo] [--limit N] [--compress-min-bytes N] \
+         [--compress-level N] [--delta-max-depth N] [--no-plain] [--no-zstd] [--no-delta] [--no-restic] [--no-git] \
+         [--fs] [--csv FILE]"
+    )
+}
+
+pub(crate) fn parse_options() -> anyhow::Result<Options> {
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    let mut repo = None;
+    let mut o = Options {
+        repo: PathBuf::new(),
+        topo: false,
+        limit: None,
+        compress_min_bytes: 64,
+        compress_level: 3,
+        delta_max_depth: 8,
+        plain: true,
+        zstd: true,
+        delta: true,
+        restic: true,
+        git: true,
+        fs: false,
+        csv: None,
+    };
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--topo" => o.topo = true,
+            "--limit" => o.limit = Some(value("--limit")?.parse()?),
+            "--compress-min-bytes" => {
+                o.compress_min_bytes = value("--compress-min-bytes")?.parse()?;
+                anyhow::ensure!(o.compress_min_bytes > 0, "--compress-min-bytes must be > 0");
+            }
+            "--compress-level" => o.compress_level = value("--compress-level")?.parse()?,
+            "--delta-max-depth" => o.delta_max_depth = value("--delta-max-depth")?.parse()?,
+            "--no-plain" => o.plain = false,
+            "--no-zstd" => o.zstd = false,
+            "--no-delta" => o.delta = false,
+            "--no-restic" => o.restic = false,
+            "--no-git" => o.git = false,
+            "--fs" => o.fs = true,
+            "--csv" => o.csv = Some(PathBuf::from(value("--csv")?)),
+            "-h" | "--help" => return Err(usage()),
+            s if s.starts_with('-') => bail!("unknown option {s}; {}", usage()),
+            s if repo.is_none() => repo = Some(PathBuf::from(s)),
+            s => bail!("unexpected argument {s}; {}", usage()),
+        }
+    }
+    o.repo = repo.ok_or_else(usage)?;
+    Ok(o)
+}
