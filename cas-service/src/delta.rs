@@ -30,6 +30,9 @@ use crate::meta::{DeltaBase, NodeRow, StoredObject};
 /// Content up to this size is encoded in memory (larger content is compressed as a stream).
 pub(crate) const IN_MEMORY_MAX: u64 = 4 << 20;
 
+/// Most rows a delta chain holds (the node and its bases): `delta_max_depth` is at most 64.
+const MAX_CHAIN: usize = 65;
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     app: AppId,
@@ -312,11 +315,12 @@ impl Service {
             return Ok(c);
         }
         // The chain, top first, down to a node that stands alone or whose content is cached.
-        let limit = self.config.delta_max_depth.max(1) as usize + 1;
+        // Its length is checked against the deepest chain any setting writes, not the current
+        // one: chains written under a larger `delta_max_depth` stay readable.
         let mut chain: Vec<NodeRow> = vec![row.clone()];
         let mut below: Option<Bytes> = None;
         while let Some(d) = chain.last().and_then(|r| r.delta) {
-            if chain.len() > limit.max(65) {
+            if chain.len() > MAX_CHAIN {
                 return Err(integrity(format!(
                     "the delta chain of {} is longer than any this service writes (a cycle?)",
                     row.hash
