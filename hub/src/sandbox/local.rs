@@ -75,8 +75,23 @@ impl LocalProvider {
 
 /// Takes the directory's lock without waiting; `None` if a live process holds it.
 fn try_hold(dir: &Path) -> std::io::Result<Option<Held>> {
+    hold_lock(dir, true)
+}
+
+/// Holds the lock file of `dir` if it exists and nobody holds it: what a scan for orphans
+/// takes. A directory without one is being created or being removed by its owner, which
+/// holds the lock until it is gone; creating the file there would take a fresh lock beside
+/// the owner's and keep the directory from going.
+fn try_hold_existing(dir: &Path) -> std::io::Result<Option<Held>> {
+    match hold_lock(dir, false) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        other => other,
+    }
+}
+
+fn hold_lock(dir: &Path, create: bool) -> std::io::Result<Option<Held>> {
     let f = std::fs::OpenOptions::new()
-        .create(true)
+        .create(create)
         .truncate(false)
         .write(true)
         .open(dir.join("lock"))?;
@@ -349,7 +364,7 @@ impl SandboxProvider for LocalProvider {
                     continue;
                 };
                 let dir = e.path();
-                let held = match try_hold(&dir) {
+                let held = match try_hold_existing(&dir) {
                     Ok(Some(h)) => h,
                     Ok(None) => continue,
                     Err(err) => {
