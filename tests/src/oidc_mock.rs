@@ -71,7 +71,13 @@ impl Drop for MockOidc {
 }
 
 fn rsa_key(dir: &std::path::Path) -> anyhow::Result<(String, String)> {
-    let path = dir.join("oidc-rsa.pem");
+    // A file of its own: mocks of tests running at once in the same directory must not read
+    // each other's half-written keys. Removed when this returns.
+    let file = tempfile::Builder::new()
+        .prefix("oidc-rsa-")
+        .suffix(".pem")
+        .tempfile_in(dir)?;
+    let path = file.path().to_path_buf();
     let ok = Command::new("openssl")
         .args([
             "genpkey",
