@@ -198,23 +198,16 @@ pub(crate) fn git_linear(src: &Path, commits: &[Commit], work: &Path) -> anyhow:
     let head = previous.context("no commits")?;
     git(&staging, &["update-ref", "refs/heads/main", &head])?;
     git(&staging, &["symbolic-ref", "HEAD", "refs/heads/main"])?;
-    let clone = work.join("linear.git");
-    run(Command::new("git")
-        .args([
-            "clone",
-            "--quiet",
-            "--bare",
-            "--no-local",
-            "--single-branch",
-        ])
-        .arg(&staging)
-        .arg(&clone))?;
-    gc_and_measure(&clone)
+    bare_clone_measured(&staging, &work.join("linear.git"))
 }
 
 /// A fresh clone of HEAD's branch (every commit reachable from HEAD), gc'd.
 pub(crate) fn git_full(src: &Path, work: &Path) -> anyhow::Result<u64> {
-    let clone = work.join("full.git");
+    bare_clone_measured(src, &work.join("full.git"))
+}
+
+/// A bare single-branch clone of `src` at `clone`, gc'd and measured.
+fn bare_clone_measured(src: &Path, clone: &Path) -> anyhow::Result<u64> {
     run(Command::new("git")
         .args([
             "clone",
@@ -224,8 +217,8 @@ pub(crate) fn git_full(src: &Path, work: &Path) -> anyhow::Result<u64> {
             "--single-branch",
         ])
         .arg(src)
-        .arg(&clone))?;
-    gc_and_measure(&clone)
+        .arg(clone))?;
+    gc_and_measure(clone)
 }
 
 pub(crate) struct Restic {
