@@ -19,7 +19,23 @@ async fn edited_session(
     n: u32,
 ) -> anyhow::Result<(HubClient, String, String, String, u16)> {
     let sid = started(&a, &pid, &nid, "edit").await?;
-    edit_sum(&server.url, &sid, token, n).await?;
+    // Heartbeats until the edit is saved: a kernel slow to start must not let a session with a
+    // short expiry lapse before the test has made its change.
+    let beats = {
+        let (a, path) = (
+            a.clone(),
+            format!("{}/heartbeat", session_path(&pid, &nid, &sid)),
+        );
+        tokio::spawn(async move {
+            loop {
+                let _ = a.post(&path, &serde_json::json!({})).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let edited = edit_sum(&server.url, &sid, token, n).await;
+    beats.abort();
+    edited?;
     let port = sandbox_port(env, &sid)?;
     assert!(port_open(port));
     Ok((a, pid, nid, sid, port))
