@@ -73,6 +73,23 @@ pub struct Config {
     pub delta_max_bytes: u64,
     /// Bytes of delta bases' content kept in memory for reads and new deltas.
     pub delta_cache_bytes: u64,
+    /// Nodes of at most this much content are packed together by GC passes (`0`: no packs).
+    pub pack_max_node_bytes: u64,
+    /// A pass packs a partition's loose small nodes once there are this many …
+    pub pack_min_nodes: u64,
+    /// … or once the oldest of them is this old.
+    pub pack_delay_ms: u64,
+    /// Content bytes per block of a pack (one zstd frame; a read of a packed node reads one).
+    pub pack_block_bytes: u64,
+    /// Content bytes per pack (a pack is built in memory).
+    pub pack_max_bytes: u64,
+    /// zstd level of pack blocks (packing runs in the background, so it can afford more).
+    pub pack_level: i32,
+    /// Packs smaller than this are merged with newer nodes, so versions written apart end up
+    /// in one block.
+    pub pack_merge_bytes: u64,
+    /// A pack whose dead entries hold at least this percentage of it is rewritten.
+    pub repack_dead_percent: u64,
     /// With an S3 store: uploads declared at most this large go through the service and cost
     /// one object write; larger ones go straight to S3 with a presigned URL.
     pub small_upload_bytes: u64,
@@ -170,6 +187,14 @@ impl Default for Config {
             delta_max_depth: 8,
             delta_max_bytes: 4 << 20,
             delta_cache_bytes: 64 << 20,
+            pack_max_node_bytes: 64 << 10,
+            pack_min_nodes: 64,
+            pack_delay_ms: 60_000,
+            pack_block_bytes: 128 << 10,
+            pack_max_bytes: 8 << 20,
+            pack_level: 9,
+            pack_merge_bytes: 1 << 20,
+            repack_dead_percent: 50,
             small_upload_bytes: 1 << 20,
             s3_endpoint: None,
             s3_path_style: false,
@@ -279,6 +304,14 @@ impl Config {
         parse_env("DELTA_MAX_DEPTH", &mut self.delta_max_depth)?;
         parse_env("DELTA_MAX_BYTES", &mut self.delta_max_bytes)?;
         parse_env("DELTA_CACHE_BYTES", &mut self.delta_cache_bytes)?;
+        parse_env("PACK_MAX_NODE_BYTES", &mut self.pack_max_node_bytes)?;
+        parse_env("PACK_MIN_NODES", &mut self.pack_min_nodes)?;
+        parse_env("PACK_DELAY_MS", &mut self.pack_delay_ms)?;
+        parse_env("PACK_BLOCK_BYTES", &mut self.pack_block_bytes)?;
+        parse_env("PACK_MAX_BYTES", &mut self.pack_max_bytes)?;
+        parse_env("PACK_LEVEL", &mut self.pack_level)?;
+        parse_env("PACK_MERGE_BYTES", &mut self.pack_merge_bytes)?;
+        parse_env("REPACK_DEAD_PERCENT", &mut self.repack_dead_percent)?;
         parse_env("SMALL_UPLOAD_BYTES", &mut self.small_upload_bytes)?;
         parse_env_opt("S3_ENDPOINT", &mut self.s3_endpoint);
         parse_env("S3_PATH_STYLE", &mut self.s3_path_style)?;
@@ -351,6 +384,23 @@ impl Config {
         }
         if self.delta_max_bytes > 16 << 20 {
             bail!("delta_max_bytes must be at most 16 MiB (a delta is encoded in memory)");
+        }
+        if !(1..=22).contains(&self.pack_level) {
+            bail!("pack_level must be 1..=22");
+        }
+        if self.pack_max_node_bytes > 1 << 20 {
+            bail!("pack_max_node_bytes must be at most 1 MiB");
+        }
+        if !(4 << 10..=4 << 20).contains(&self.pack_block_bytes) {
+            bail!("pack_block_bytes must be between 4 KiB and 4 MiB");
+        }
+        if !(self.pack_block_bytes..=64 << 20).contains(&self.pack_max_bytes) {
+            bail!(
+                "pack_max_bytes must be between pack_block_bytes and 64 MiB (a pack is built in memory)"
+            );
+        }
+        if !(1..=100).contains(&self.repack_dead_percent) {
+            bail!("repack_dead_percent must be 1..=100");
         }
         self.database_url()?;
         self.blob_store()?;

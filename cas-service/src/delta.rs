@@ -37,21 +37,32 @@ const MAX_CHAIN: usize = 65;
 struct Key {
     app: AppId,
     space: SpaceId,
-    hash: Hash,
+    item: Item,
+}
+
+/// What a cache entry holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Item {
+    /// A node's verified content.
+    Node(Hash),
+    /// The decoded content of a pack's block (pack id, block offset): checked by its frame's
+    /// checksum; the nodes read from it are verified each.
+    Block(String, i64),
 }
 
 impl Key {
-    fn new(app: &AppId, space: &SpaceId, hash: &Hash) -> Key {
+    fn new(app: &AppId, space: &SpaceId, item: Item) -> Key {
         Key {
             app: app.clone(),
             space: space.clone(),
-            hash: *hash,
+            item,
         }
     }
 }
 
-/// Verified node contents by (App, Space, hash), least recently used first out, bounded in
-/// bytes. A node's content never changes, so an entry is never stale.
+/// Verified node contents by (App, Space, hash), and decoded pack blocks, least recently used
+/// first out, bounded in bytes. A node's content and a pack's block never change (a pack id is
+/// never reused), so an entry is never stale.
 #[derive(Debug)]
 pub struct BaseCache {
     max_bytes: usize,
@@ -80,7 +91,26 @@ impl BaseCache {
     }
 
     pub fn get(&self, app: &AppId, space: &SpaceId, hash: &Hash) -> Option<Bytes> {
-        let key = Key::new(app, space, hash);
+        self.get_item(Key::new(app, space, Item::Node(*hash)))
+    }
+
+    pub fn put(&self, app: &AppId, space: &SpaceId, hash: &Hash, content: Bytes) {
+        self.put_item(Key::new(app, space, Item::Node(*hash)), content)
+    }
+
+    /// A pack block's decoded content.
+    pub fn block(&self, app: &AppId, space: &SpaceId, pack: &str, offset: i64) -> Option<Bytes> {
+        self.get_item(Key::new(app, space, Item::Block(pack.to_string(), offset)))
+    }
+
+    pub fn put_block(&self, app: &AppId, space: &SpaceId, pack: &str, offset: i64, block: Bytes) {
+        self.put_item(
+            Key::new(app, space, Item::Block(pack.to_string(), offset)),
+            block,
+        )
+    }
+
+    fn get_item(&self, key: Key) -> Option<Bytes> {
         let mut inner = self.lock();
         let tick = inner.next_tick();
         let content = {
@@ -93,11 +123,10 @@ impl BaseCache {
         Some(content)
     }
 
-    pub fn put(&self, app: &AppId, space: &SpaceId, hash: &Hash, content: Bytes) {
+    fn put_item(&self, key: Key, content: Bytes) {
         if content.len() > self.max_bytes / 4 {
             return;
         }
-        let key = Key::new(app, space, hash);
         let mut inner = self.lock();
         let tick = inner.next_tick();
         let len = content.len();
@@ -160,7 +189,7 @@ impl From<sqlx::Error> for ContentError {
     }
 }
 
-fn integrity(detail: String) -> ApiError {
+pub(crate) fn integrity(detail: String) -> ApiError {
     ApiError::internal("reading a node", detail)
 }
 
@@ -342,7 +371,7 @@ impl Service {
                 let bottom = chain.pop().ok_or_else(|| {
                     ContentError::Failed(integrity("an empty delta chain".into()))
                 })?;
-                let object = self.object_bytes(app, space, &bottom).await?;
+                let object = self.object_bytes(app, space, &bottom, cached).await?;
                 let decoded = match bottom.encoding {
                     Encoding::Identity => object,
                     Encoding::Zstd => {
@@ -366,7 +395,7 @@ impl Service {
             }
         };
         while let Some(r) = chain.pop() {
-            let frame = self.object_bytes(app, space, &r).await?;
+            let frame = self.object_bytes(app, space, &r, cached).await?;
             let size = r.size as usize;
             let base = content;
             let decoded = tokio::task::spawn_blocking(move || decode_delta(&frame, &base, size))
@@ -409,15 +438,19 @@ impl Service {
         Ok(content)
     }
 
-    /// A row's whole object, at most its recorded size (and never more than a node's
-    /// largest own content).
-    async fn object_bytes(
+    /// A row's whole object (or its pack entry), at most its recorded size (and never more
+    /// than a node's largest own content).
+    pub(crate) async fn object_bytes(
         &self,
         app: &AppId,
         space: &SpaceId,
         row: &NodeRow,
+        cached: bool,
     ) -> Result<Bytes, ContentError> {
         use tokio::io::AsyncReadExt;
+        if let Some(span) = row.pack {
+            return self.pack_entry(app, space, row, span, cached).await;
+        }
         let key = crate::blob::node_key(app, space, &row.hash, &row.object_gen);
         let Some((reader, len)) = self
             .blobs

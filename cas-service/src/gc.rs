@@ -32,6 +32,10 @@ impl Service {
     ) -> ApiResult<GcResponse> {
         let max = max_nodes as i64;
         self.retire_generations(app, space, max).await?;
+        // Packing first: the objects it supersedes go with the others below.
+        if let Err(e) = self.pack_pass(app, space).await {
+            tracing::warn!(app = %app, space = %space, error = %e.message, "packing failed; the next pass retries");
+        }
         self.delete_retired_objects(app, space, max).await?;
 
         let now = now_ms();
@@ -57,9 +61,14 @@ impl Service {
         // A marked node may still be the delta base of ready ones: they are stored alone
         // first, and a base whose dependents could not be is left for a later pass.
         let marked = self.free_dependents(app, space, marked).await?;
-        let deleted_objects: Vec<Marked> = self
-            .delete_objects(marked, |m| node_key(app, space, &m.hash, &m.object_gen))
-            .await;
+        // A packed node's entry stays in its pack (rewritten by the packer once enough of it
+        // is dead); other nodes' objects go now.
+        let (mut deleted_objects, loose): (Vec<Marked>, Vec<Marked>) =
+            marked.into_iter().partition(|m| m.packed);
+        deleted_objects.extend(
+            self.delete_objects(loose, |m| node_key(app, space, &m.hash, &m.object_gen))
+                .await,
+        );
         if failpoint::hit("gc.after_delete").await {
             return Err(ApiError::storage_unavailable(
                 "collecting",
@@ -134,6 +143,8 @@ impl Service {
                             "an object of its chain is missing",
                         ))
                     }
+                    // Moved (packed) meanwhile and still a delta against the same base.
+                    Some(again) if still_depends(&again, row) => Err(moved_meanwhile()),
                     // Collected or re-encoded by someone else meanwhile.
                     _ => Ok(()),
                 };
@@ -156,6 +167,11 @@ impl Service {
         p.commit().await?;
         if !done {
             self.delete_logged(&key).await;
+            if let Some(again) = self.meta.node(app, space, &row.hash).await?
+                && still_depends(&again, row)
+            {
+                return Err(moved_meanwhile());
+            }
         }
         Ok(())
     }
@@ -211,7 +227,11 @@ impl Service {
 
     /// Deletes the objects of `items` together; answers the items whose object is gone (the
     /// others are logged, and the next pass retries them).
-    async fn delete_objects<T>(&self, items: Vec<T>, key: impl Fn(&T) -> String) -> Vec<T> {
+    pub(crate) async fn delete_objects<T>(
+        &self,
+        items: Vec<T>,
+        key: impl Fn(&T) -> String,
+    ) -> Vec<T> {
         let keys: Vec<String> = items.iter().map(key).collect();
         let results = self.blobs.delete_many(&keys).await;
         items
@@ -227,7 +247,7 @@ impl Service {
             .collect()
     }
 
-    async fn delete_logged(&self, key: &str) -> bool {
+    pub(crate) async fn delete_logged(&self, key: &str) -> bool {
         match self.blobs.delete(key).await {
             Ok(()) => true,
             Err(e) => {
@@ -261,4 +281,16 @@ impl Service {
             }
         }
     }
+}
+
+/// Whether `now`, the current row of a node GC read as `before`, is still a ready delta
+/// against the same base (the packer moved it meanwhile): its base must wait.
+fn still_depends(now: &NodeRow, before: &NodeRow) -> bool {
+    now.is_ready()
+        && now.delta.is_some()
+        && now.delta.map(|d| d.hash) == before.delta.map(|d| d.hash)
+}
+
+fn moved_meanwhile() -> ApiError {
+    ApiError::unavailable("the delta moved while it was stored alone; its base waits")
 }

@@ -31,6 +31,7 @@ pub mod lease_memo;
 mod materialize;
 pub mod meta;
 pub mod metrics;
+pub mod pack;
 pub mod read;
 pub mod root_refs;
 pub mod staging;

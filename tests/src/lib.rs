@@ -18,6 +18,7 @@ use bytes::Bytes;
 use cas_client::{AppCasClient, SigningKey};
 use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId, Value};
 
+pub mod content;
 pub mod fault_proxy;
 pub mod hub;
 pub mod oidc_mock;
@@ -161,6 +162,10 @@ impl TestEnv {
         vars.insert("UNICAS_DATA_DIR".into(), data.display().to_string());
         vars.insert("UNICAS_LISTEN".into(), "127.0.0.1:0".into());
         vars.insert("UNICAS_GC_INTERVAL_MS".into(), "0".into());
+        // Every GC pass packs what it can, in small blocks: packs are on in every scenario.
+        vars.insert("UNICAS_PACK_MIN_NODES".into(), "1".into());
+        vars.insert("UNICAS_PACK_DELAY_MS".into(), "0".into());
+        vars.insert("UNICAS_PACK_BLOCK_BYTES".into(), "16384".into());
         vars.insert("UNICAS_AUTH_CACHE_MS".into(), "200".into());
         vars.insert("UNICAS_LEASE_MIN_MS".into(), "1000".into());
         vars.insert("UNICAS_LOG".into(), "warn".into());
@@ -326,6 +331,27 @@ impl TestEnv {
             let recount = meta.recount_usage(app, &space).await?;
             if row != recount {
                 bail!("usage of {space}: row {row:?}, recount {recount:?}");
+            }
+        }
+        // Every packed row's pack is live, and every live pack counts the rows pointing at it.
+        let packs = meta.packs(app, None).await?;
+        let counted = meta.pack_recount(app, None).await?;
+        for (space, id, nodes, _) in &counted {
+            let pack = packs.iter().find(|p| &p.space == space && &p.pack_id == id);
+            match pack {
+                Some(p) if p.state == cas_service::meta::PackState::Live => {}
+                _ => bail!("{nodes} rows of {space} point at pack {id}, which is {pack:?}"),
+            }
+        }
+        for p in &packs {
+            let recount = counted
+                .iter()
+                .find(|(s, id, _, _)| *s == p.space && *id == p.pack_id)
+                .map_or((0, 0), |(_, _, n, b)| (*n, *b));
+            if p.state == cas_service::meta::PackState::Live
+                && recount != (p.live_nodes, p.live_bytes)
+            {
+                bail!("pack {p:?}: rows pointing at it count {recount:?}");
             }
         }
         Ok(())

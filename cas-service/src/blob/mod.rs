@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! app.<appId>/space.<spaceId>/nodes/<hh>/<hash>.<generation>   own content of a ready node
+//! app.<appId>/space.<spaceId>/packs/<packId>                    small nodes packed together
 //! uploads/app.<appId>/space.<spaceId>/<generation>             portable node of an upload
 //! ```
 //!
@@ -117,6 +118,26 @@ pub fn node_prefix(app: &AppId, space: Option<&SpaceId>) -> String {
         Some(space) => format!("app.{app}/space.{space}/nodes/"),
         None => format!("app.{app}/"),
     }
+}
+
+/// The key of a pack object.
+pub fn pack_key(app: &AppId, space: &SpaceId, pack_id: &str) -> String {
+    format!("app.{app}/space.{space}/packs/{pack_id}")
+}
+
+/// Parses a pack key back into (app, space, pack id).
+pub fn parse_pack_key(key: &str) -> Option<(AppId, SpaceId, String)> {
+    let mut parts = key.split('/');
+    let app = parts.next()?.strip_prefix("app.")?.parse().ok()?;
+    let space = parts.next()?.strip_prefix("space.")?.parse().ok()?;
+    if parts.next()? != "packs" {
+        return None;
+    }
+    let id = parts.next()?;
+    if parts.next().is_some() || id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    Some((app, space, id.to_string()))
 }
 
 /// The key of an upload generation's temporary object.
@@ -479,7 +500,14 @@ mod tests {
         let h = Hash::digest(b"x");
         let key = node_key(&app, &space, &h, "01J0");
         assert!(!key.split('/').any(|c| c == ".." || c == "."));
-        assert_eq!(parse_node_key(&key), Some((app, space, h, "01J0".into())));
+        assert_eq!(
+            parse_node_key(&key),
+            Some((app.clone(), space.clone(), h, "01J0".into()))
+        );
         assert_eq!(parse_node_key("app.a/space.b/nodes/zz/x.y"), None);
+        let pack = pack_key(&app, &space, "01J0");
+        assert_eq!(parse_pack_key(&pack), Some((app, space, "01J0".into())));
+        assert_eq!(parse_node_key(&pack), None);
+        assert_eq!(parse_pack_key("app.a/space.b/packs/../x"), None);
     }
 }

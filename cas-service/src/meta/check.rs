@@ -28,7 +28,7 @@ pub struct DanglingEdge {
     pub missing: &'static str,
 }
 
-fn space_filter(space: Option<&SpaceId>) -> (&'static str, String) {
+pub(super) fn space_filter(space: Option<&SpaceId>) -> (&'static str, String) {
     match space {
         Some(s) => ("AND n.space_id = $2", s.as_str().to_string()),
         None => ("AND $2 = $2", String::new()),

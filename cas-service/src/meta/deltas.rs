@@ -59,7 +59,8 @@ impl Partition {
         let (app, space) = (self.app.clone(), self.space.clone());
         sqlx::query(
             "UPDATE nodes SET object_gen = $4, encoding = $5, stored_bytes = $6, \
-             delta_base = NULL, delta_depth = 0 \
+             delta_base = NULL, delta_depth = 0, pack_block_offset = NULL, \
+             pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL \
              WHERE app_id = $1 AND space_id = $2 AND hash = $3",
         )
         .bind(app.as_str())
@@ -70,7 +71,7 @@ impl Partition {
         .bind(stored.stored_bytes)
         .execute(&mut **self.tx())
         .await?;
-        self.retire_object(hash, old_gen, now).await?;
+        self.release_object(&row, now).await?;
         self.add_usage(UsageDelta {
             ready_stored_bytes: stored.stored_bytes - row.stored_bytes,
             ..Default::default()

@@ -14,6 +14,8 @@ pub struct Marked {
     pub hash: Hash,
     pub object_gen: String,
     pub size: i64,
+    /// Its entry is in a pack (whose object GC leaves to the packer), not an object of its own.
+    pub packed: bool,
 }
 
 /// A generation whose objects GC deletes before forgetting it.
@@ -36,7 +38,7 @@ impl Partition {
     ) -> Result<(u64, Vec<Marked>), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
         let leftovers = sqlx::query(
-            "SELECT hash, object_gen, size FROM nodes WHERE app_id = $1 AND space_id = $2 \
+            "SELECT hash, object_gen, size, pack_block_offset FROM nodes WHERE app_id = $1 AND space_id = $2 \
              AND collecting_since IS NOT NULL AND collecting_since <= $3 LIMIT $4",
         )
         .bind(app.as_str())
@@ -46,7 +48,7 @@ impl Partition {
         .fetch_all(&mut **self.tx())
         .await?;
         let candidates = sqlx::query(
-            "SELECT hash, object_gen, size, stored_bytes FROM nodes n \
+            "SELECT hash, object_gen, size, stored_bytes, pack_block_offset FROM nodes n \
              WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND root_ref_count = 0 \
              AND collecting_since IS NULL AND lease_expires_at <= $3 \
              AND NOT EXISTS (SELECT 1 FROM upload_generations g WHERE g.app_id = n.app_id \
@@ -66,6 +68,7 @@ impl Partition {
                 hash: hash_col(r, "hash")?,
                 object_gen: r.try_get("object_gen")?,
                 size: r.try_get("size")?,
+                packed: r.try_get::<Option<i64>, _>("pack_block_offset")?.is_some(),
             });
         }
         let mut delta = UsageDelta::default();
@@ -75,6 +78,7 @@ impl Partition {
                 hash: hash_col(r, "hash")?,
                 object_gen: r.try_get("object_gen")?,
                 size: r.try_get("size")?,
+                packed: r.try_get::<Option<i64>, _>("pack_block_offset")?.is_some(),
             };
             let stored: i64 = r.try_get("stored_bytes")?;
             delta.not_ready_node_count += 1;
@@ -143,6 +147,7 @@ impl Partition {
                 .bind(hb(&m.hash))
                 .execute(&mut **self.tx())
                 .await?;
+            self.leave_pack(&row).await?;
             self.add_usage(UsageDelta {
                 node_count: -1,
                 not_ready_node_count: -1,

@@ -38,6 +38,7 @@ mod deltas;
 mod gc;
 mod generations;
 mod nodes;
+mod packs;
 mod root_refs;
 mod usage;
 
@@ -46,7 +47,8 @@ pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Backlog, Marked, RetiringGeneration};
 pub use generations::{Evidence, GenState, Generation, TargetKind};
-pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, StoredObject};
+pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, PackSpan, StoredObject};
+pub use packs::{PackRow, PackState, PackedEntry};
 pub use root_refs::{
     BalanceCursor, MAX_BATCH_HASHES, RefFilter, RootRefChange, RootRefEvent, RootRefOutcome,
     RootRefRejection,

@@ -27,6 +27,18 @@ pub struct NodeRow {
     pub collecting_since: Option<i64>,
     /// For a delta object: the node whose content it needs, and the chain's depth.
     pub delta: Option<DeltaBase>,
+    /// For a packed node: where its entry is in the pack that `object_gen` names.
+    pub pack: Option<PackSpan>,
+}
+
+/// Where a packed node's entry is: a block (one zstd frame) of the pack object, and the entry's
+/// bytes in the block's content. The entry holds the node's own content in the row's encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackSpan {
+    pub block_offset: i64,
+    pub block_bytes: i64,
+    pub entry_offset: i64,
+    pub entry_bytes: i64,
 }
 
 impl NodeRow {
@@ -73,7 +85,8 @@ impl StoredObject {
 
 pub(crate) const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
      lease_started_at, lease_expires_at, child_ref_count, root_ref_count, collecting_since, \
-     delta_base, delta_depth";
+     delta_base, delta_depth, pack_block_offset, pack_block_bytes, pack_entry_offset, \
+     pack_entry_bytes";
 
 pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
     Ok(NodeRow {
@@ -99,6 +112,18 @@ pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
                 Some(b) => Some(DeltaBase {
                     hash: Hash::from_slice(&b).ok_or_else(|| decode_err("delta_base", "?"))?,
                     depth: row.try_get("delta_depth")?,
+                }),
+            }
+        },
+        pack: {
+            let block_offset: Option<i64> = row.try_get("pack_block_offset")?;
+            match block_offset {
+                None => None,
+                Some(block_offset) => Some(PackSpan {
+                    block_offset,
+                    block_bytes: row.try_get("pack_block_bytes")?,
+                    entry_offset: row.try_get("pack_entry_offset")?,
+                    entry_bytes: row.try_get("pack_entry_bytes")?,
                 }),
             }
         },
@@ -296,7 +321,8 @@ impl Partition {
                 sqlx::query(
                     "UPDATE nodes SET collecting_since = NULL, object_gen = $4, encoding = $5, \
                      stored_bytes = $6, lease_started_at = $7, lease_expires_at = $8, \
-                     delta_base = $9, delta_depth = $10 \
+                     delta_base = $9, delta_depth = $10, pack_block_offset = NULL, \
+                     pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL \
                      WHERE app_id = $1 AND space_id = $2 AND hash = $3",
                 )
                 .bind(app.as_str())
@@ -311,7 +337,7 @@ impl Partition {
                 .bind(stored.depth())
                 .execute(&mut **self.tx())
                 .await?;
-                self.retire_object(&g.hash, &row.object_gen, now).await?;
+                self.release_object(&row, now).await?;
                 UsageDelta {
                     not_ready_node_count: -1,
                     ready_content_bytes: evidence.content_size,

@@ -17,8 +17,10 @@
 //!   --no-zstd                skip the replay with compression at rest and no deltas
 //!   --delta-max-depth N      chain depth of the replay with deltas (default 8, the service's
 //!                            default)
-//!   --no-delta               skip the replay with the service's defaults (compression and
-//!                            deltas against the bases the hub names)
+//!   --no-delta               skip the replay with compression and deltas against the bases
+//!                            the hub names, without packs
+//!   --no-pack                skip the replay with the service's defaults (compression,
+//!                            deltas and packs)
 //!   --no-restic | --no-git   skip those baselines
 //!   --fs                     the filesystem store even when an S3 server is configured
 //!   --csv FILE               also write one line per push to FILE
@@ -147,13 +149,14 @@ async fn main() -> anyhow::Result<()> {
 
     let work = tempfile::Builder::new().prefix("hub-bench-").tempdir()?;
 
-    // The hub, with the layout before compression and deltas, with compression alone, and
-    // with the defaults (compression and deltas).
+    // The hub, with the layout before compression, deltas and packs, with compression alone,
+    // with compression and deltas, and with the defaults (compression, deltas and packs).
     let mut replays = Vec::new();
-    let zstd = |delta_max_depth| Layout {
+    let zstd = |delta_max_depth, pack| Layout {
         compress_min_bytes: o.compress_min_bytes,
         compress_level: o.compress_level,
         delta_max_depth,
+        pack,
     };
     let mut variants: Vec<(String, Layout)> = Vec::new();
     if o.plain {
@@ -161,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
             compress_min_bytes: 0,
             compress_level: o.compress_level,
             delta_max_depth: 0,
+            pack: false,
         };
         variants.push(("compression off".to_string(), off));
     }
@@ -169,16 +173,20 @@ async fn main() -> anyhow::Result<()> {
             "zstd >= {} B, level {}",
             o.compress_min_bytes, o.compress_level
         );
-        variants.push((label, zstd(0)));
+        variants.push((label, zstd(0, false)));
     }
+    let defaults = o.delta_max_depth == 8 && o.compress_level == 3 && o.compress_min_bytes == 64;
     if o.delta {
-        let label = if o.delta_max_depth == 8 && o.compress_level == 3 && o.compress_min_bytes == 64
-        {
-            "zstd + deltas (defaults)".to_string()
+        let label = format!("zstd + deltas, depth {}, no packs", o.delta_max_depth);
+        variants.push((label, zstd(o.delta_max_depth, false)));
+    }
+    if o.pack {
+        let label = if defaults {
+            "zstd + deltas + packs (defaults)".to_string()
         } else {
-            format!("zstd + deltas, depth {}", o.delta_max_depth)
+            format!("zstd + deltas, depth {}, packs", o.delta_max_depth)
         };
-        variants.push((label, zstd(o.delta_max_depth)));
+        variants.push((label, zstd(o.delta_max_depth, true)));
     }
     for (label, layout) in &variants {
         let t = Instant::now();

@@ -10,6 +10,8 @@ pub(crate) struct Layout {
     pub(crate) compress_min_bytes: u64,
     pub(crate) compress_level: i32,
     pub(crate) delta_max_depth: u32,
+    /// Small nodes packed by GC passes (running every second in the replay).
+    pub(crate) pack: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -23,6 +25,7 @@ pub(crate) struct Options {
     pub(crate) plain: bool,
     pub(crate) zstd: bool,
     pub(crate) delta: bool,
+    pub(crate) pack: bool,
     pub(crate) restic: bool,
     pub(crate) git: bool,
     pub(crate) fs: bool,
@@ -32,7 +35,7 @@ pub(crate) struct Options {
 pub(crate) fn usage() -> anyhow::Error {
     anyhow::anyhow!(
         "usage: hub-bench REPO [--topo] [--limit N] [--compress-min-bytes N] \
-         [--compress-level N] [--delta-max-depth N] [--no-plain] [--no-zstd] [--no-delta] [--no-restic] [--no-git] \
+         [--compress-level N] [--delta-max-depth N] [--no-plain] [--no-zstd] [--no-delta] [--no-pack] [--no-restic] [--no-git] \
          [--fs] [--csv FILE]"
     )
 }
@@ -50,6 +53,7 @@ pub(crate) fn parse_options() -> anyhow::Result<Options> {
         plain: true,
         zstd: true,
         delta: true,
+        pack: true,
         restic: true,
         git: true,
         fs: false,
@@ -69,6 +73,7 @@ pub(crate) fn parse_options() -> anyhow::Result<Options> {
             "--no-plain" => o.plain = false,
             "--no-zstd" => o.zstd = false,
             "--no-delta" => o.delta = false,
+            "--no-pack" => o.pack = false,
             "--no-restic" => o.restic = false,
             "--no-git" => o.git = false,
             "--fs" => o.fs = true,

@@ -135,6 +135,21 @@ pub(crate) async fn replay(
     env.set("UNICAS_COMPRESS_MIN_BYTES", layout.compress_min_bytes)
         .set("UNICAS_COMPRESS_LEVEL", layout.compress_level)
         .set("UNICAS_DELTA_MAX_DEPTH", layout.delta_max_depth);
+    // Packs with the service's defaults, except that GC passes run every second and pack
+    // loose nodes 5 s old (not 60 s), so that the replay ends packed without waiting a minute.
+    let defaults = cas_service::config::Config::default();
+    env.set(
+        "UNICAS_PACK_MAX_NODE_BYTES",
+        if layout.pack {
+            defaults.pack_max_node_bytes
+        } else {
+            0
+        },
+    )
+    .set("UNICAS_PACK_MIN_NODES", defaults.pack_min_nodes)
+    .set("UNICAS_PACK_BLOCK_BYTES", defaults.pack_block_bytes)
+    .set("UNICAS_PACK_DELAY_MS", 5_000)
+    .set("UNICAS_GC_INTERVAL_MS", 1_000);
     let proxy = if backend.blobs == Blobs::S3 {
         let upstream = std::env::var("UNICAS_S3_ENDPOINT")?;
         let proxy = FaultProxy::start(&upstream).await?;
@@ -228,10 +243,7 @@ pub(crate) async fn replay(
             );
         }
     }
-    let (status, storage) = client
-        .get(&format!("/api/v1/projects/{pid}/storage"))
-        .await?;
-    anyhow::ensure!(status.is_success(), "storage: {status} {storage}");
+    let storage = settled_storage(&client, &pid).await?;
     let old_reads = read_old_files(&client, &pid, &nid, commits, &versions).await?;
     drop(server);
     Ok(Replay {
@@ -241,6 +253,27 @@ pub(crate) async fn replay(
         pushes,
         measured_store: proxy.is_some(),
     })
+}
+
+/// The project's storage once GC passes stopped changing it (packing what the replay left):
+/// the same stored bytes over four reads 1.5 s apart.
+async fn settled_storage(client: &HubClient, pid: &str) -> anyhow::Result<Value> {
+    let mut last = None;
+    let mut same = 0;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let (status, storage) = client
+            .get(&format!("/api/v1/projects/{pid}/storage"))
+            .await?;
+        anyhow::ensure!(status.is_success(), "storage: {status} {storage}");
+        let stored = storage["data"]["readyStoredBytes"].as_u64();
+        same = if stored == last { same + 1 } else { 0 };
+        last = stored;
+        if same >= 3 || Instant::now() > deadline {
+            return Ok(storage);
+        }
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
 }
 
 /// Reads of old files: this many, each a random file of a random version of the older half of

@@ -10,7 +10,10 @@
 //!    edges, and no edge dangles;
 //! 3. root-ref balances equal the sum of events, and equal the nodes' root ref counts;
 //! 4. every usage row equals a recount;
-//! 5. objects without a row (node objects and upload temporaries) are reported.
+//! 5. objects without a row (node objects, pack objects and upload temporaries) are reported;
+//! 6. every live pack's object has the size its row says, its counts equal the rows that point
+//!    at it, and every packed row's entry lies in it (with `verify_content`, decodes and
+//!    hashes to the node).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,10 +21,16 @@ use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId};
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
 
-use crate::blob::{Encoding, node_key, node_prefix, parse_node_key, upload_key};
+use crate::blob::{
+    Encoding, node_key, node_prefix, pack_key, parse_node_key, parse_pack_key, upload_key,
+};
 use crate::delta::ContentError;
 use crate::meta::{DeltaBase, Evidence, FinalizeOutcome, GenState, NodeRow, StoredObject};
 use crate::{Service, now_ms};
+
+mod packs;
+
+use packs::PackIndex;
 
 /// What to check.
 #[derive(Debug, Clone)]
@@ -80,7 +89,9 @@ impl Service {
         let mut report = FsckReport::default();
         let app = &opts.app;
         let space = opts.space.as_ref();
-        let rows = self.check_nodes(opts, &mut report).await?;
+        let packs = PackIndex::load(self, opts).await?;
+        let rows = self.check_nodes(opts, &packs, &mut report).await?;
+        self.check_packs(opts, &packs, &mut report).await?;
         for m in self.meta.child_count_mismatches(app, space).await? {
             report.bad(
                 "child-ref-count",
@@ -123,7 +134,7 @@ impl Service {
                 );
             }
         }
-        self.check_orphans(opts, &rows, &mut report).await?;
+        self.check_orphans(opts, &rows, &packs, &mut report).await?;
         Ok(report)
     }
 
@@ -131,6 +142,7 @@ impl Service {
     async fn check_nodes(
         &self,
         opts: &FsckOptions,
+        packs: &PackIndex,
         report: &mut FsckReport,
     ) -> anyhow::Result<BTreeMap<(SpaceId, Hash), String>> {
         let mut rows = BTreeMap::new();
@@ -158,6 +170,12 @@ impl Service {
                     );
                 }
                 rows.insert((space.clone(), row.hash), row.object_gen.clone());
+                if row.pack.is_some() {
+                    if row.is_ready() {
+                        self.check_packed(opts, packs, &space, &row, report).await?;
+                    }
+                    continue;
+                }
                 let key = node_key(&opts.app, &space, &row.hash, &row.object_gen);
                 let found = self.blobs.get(&key, None).await?;
                 let Some((reader, stored)) = found else {
@@ -315,6 +333,7 @@ impl Service {
         &self,
         opts: &FsckOptions,
         rows: &BTreeMap<(SpaceId, Hash), String>,
+        packs: &PackIndex,
         report: &mut FsckReport,
     ) -> anyhow::Result<()> {
         let app = &opts.app;
@@ -327,12 +346,22 @@ impl Service {
             .await?
             .into_iter()
             .collect();
-        let objects = self
+        let mut objects = self
             .blobs
             .list(&node_prefix(app, opts.space.as_ref()))
             .await?;
+        if let Some(space) = &opts.space {
+            objects.extend(self.blobs.list(&pack_key(app, space, "")).await?);
+        }
         report.objects_listed += objects.len() as u64;
         for o in objects {
+            if let Some((_, space, pack)) = parse_pack_key(&o.key) {
+                if !packs.has(&space, &pack) {
+                    self.orphan_pack(opts, &o, now - o.modified_ms < grace, report)
+                        .await?;
+                }
+                continue;
+            }
             let Some((_, space, hash, object_gen)) = parse_node_key(&o.key) else {
                 report.bad(
                     "unknown-object",

@@ -1,0 +1,70 @@
+//! Node contents for storage tests: text that compresses like source code, edits of it, and
+//! storing a node through the uploader with a delta base named.
+
+use cas_client::Plan;
+use cas_format::{Hash, SpaceId};
+
+/// Lease of nodes these helpers store, in ms.
+pub const LEASE: u64 = 1_000;
+
+/// Text of `n` bytes that compresses like source code does (words from a small vocabulary),
+/// different for each seed.
+pub fn text(seed: u64, n: usize) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "def ",
+        "return ",
+        "import ",
+        "marimo",
+        "(x)",
+        " = ",
+        "\n    ",
+        "cell",
+        "mo.md",
+        "\n",
+        "data",
+        "plot",
+        ", ",
+        "for i in range",
+        ":",
+        "df",
+    ];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n + 16);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(WORDS[(x % 16) as usize].as_bytes());
+        if x.is_multiple_of(5) {
+            out.extend_from_slice(format!("v{}", x % 997).as_bytes());
+        }
+    }
+    out.truncate(n);
+    out
+}
+
+/// `base` with a few lines changed in the middle.
+pub fn edited(base: &[u8], what: &str) -> Vec<u8> {
+    let mut v = base.to_vec();
+    let at = v.len() / 2;
+    v.splice(at..at, format!("\n# edited: {what}\n").bytes());
+    v
+}
+
+/// Stores `portable` (node `hash`) through the uploader, naming `base` as its delta base.
+pub async fn store(
+    client: &cas_client::AppCasClient,
+    sp: &SpaceId,
+    portable: bytes::Bytes,
+    base: Option<Hash>,
+) -> anyhow::Result<Hash> {
+    let mut plan = Plan::default();
+    let hash = plan.add_portable(portable)?;
+    if let Some(b) = base {
+        plan.suggest_base(hash, b);
+    }
+    cas_client::Uploader::new(client, sp, &plan, LEASE, 4)
+        .run(&[hash])
+        .await?;
+    Ok(hash)
+}
