@@ -112,6 +112,13 @@ async fn deltas_are_read_back_and_outlive_their_bases(b: Backend) -> anyhow::Res
         assert!(depth <= 8, "{depth}");
     }
     assert_eq!(&client.read_node(&sp, &prev).await?[..], &v[..]);
+    // A base in another Space is not looked at: the hint is ignored.
+    let only_there = edited(&v, "only in another Space");
+    let elsewhere = store(&client, &space("other"), leaf(&only_there).1, None).await?;
+    let next = edited(&only_there, "after a hint from elsewhere");
+    let h = store(&client, &sp, leaf(&next).1, Some(elsewhere)).await?;
+    assert_eq!(row(h).await?.delta, None, "a base of another Space");
+    assert_eq!(&client.read_node(&sp, &h).await?[..], &next[..]);
 
     drop(server);
     let report = env.assert_consistent("hub")?;

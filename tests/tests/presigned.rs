@@ -33,7 +33,8 @@ async fn presigned_uploads_are_signed_and_write_once() -> anyhow::Result<()> {
     })?;
     let mut env = TestEnv::new(Backend::SQLITE_S3).await?;
     env.set("UNICAS_S3_ENDPOINT", &endpoint)
-        .set("UNICAS_UPLOAD_URL_TTL_MS", 3000)
+        // Long enough for the refused PUTs before the valid one on a loaded machine.
+        .set("UNICAS_UPLOAD_URL_TTL_MS", 6000)
         .set("UNICAS_SMALL_UPLOAD_BYTES", 1024);
     let app = env.create_app("hub")?;
     let server = env.start()?;
@@ -134,7 +135,7 @@ async fn presigned_uploads_are_signed_and_write_once() -> anyhow::Result<()> {
     else {
         panic!()
     };
-    tokio::time::sleep(Duration::from_millis(3300)).await;
+    tokio::time::sleep(Duration::from_millis(6300)).await;
     assert_eq!(
         put(&upload, bytes3.to_vec(), None, None).await,
         403,

@@ -190,8 +190,9 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
     let counter = Arc::new(AtomicU64::new(0));
     const CLIENTS: usize = 4;
     const ROUNDS: usize = 30;
-    // Nodes found stored as deltas at the end of some round.
+    // Nodes found stored as deltas, and packed, at the end of some round.
     let mut deltas_seen = BTreeSet::new();
+    let mut packed_seen = BTreeSet::new();
     for round in 0..ROUNDS {
         let mut tasks = Vec::new();
         for c in 0..CLIENTS {
@@ -298,10 +299,13 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
         let now = now_ms();
         let protected = m.protected(&u, now);
         for h in &u.all {
-            if let Some(row) = meta.node(&app.app, &sp, h).await?
-                && row.delta.is_some()
-            {
-                deltas_seen.insert(*h);
+            if let Some(row) = meta.node(&app.app, &sp, h).await? {
+                if row.delta.is_some() {
+                    deltas_seen.insert(*h);
+                }
+                if row.pack.is_some() {
+                    packed_seen.insert(*h);
+                }
             }
         }
         for h in &protected {
@@ -339,6 +343,7 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
         env.check_invariants(&meta, &app.app).await?;
     }
     assert!(!deltas_seen.is_empty(), "the races ran with deltas");
+    assert!(!packed_seen.is_empty(), "the races ran with packs");
     // Revisions of accepted updates are distinct and gap-free.
     let m = model.lock().await;
     let revisions: BTreeSet<u64> = m.requests.values().map(|(_, r)| *r).collect();

@@ -279,6 +279,9 @@ async fn three_replicas(b: Backend) -> anyhow::Result<()> {
         expected.len(),
         "only held nodes remain"
     );
+    // The replicas' passes packed them, one packer at a time.
+    let packs = meta.packs(&app.app, Some(&sp)).await?;
+    assert!(!packs.is_empty(), "the replicas ran with packs");
     env.check_invariants(&meta, &app.app).await?;
     env.assert_consistent("hub")?;
     drop(servers);

@@ -18,9 +18,14 @@ async fn edited_session(
     (pid, nid): (String, String),
     n: u32,
 ) -> anyhow::Result<(HubClient, String, String, String, u16)> {
-    let sid = started(&a, &pid, &nid, "edit").await?;
-    // Heartbeats until the edit is saved: a kernel slow to start must not let a session with a
-    // short expiry lapse before the test has made its change.
+    let (status, created) = create(&a, &pid, &nid, "edit").await?;
+    anyhow::ensure!(status == 202, "creating a session: {status} {created}");
+    let sid = created["data"]["session_id"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no session id: {created}"))?
+        .to_string();
+    // Heartbeats from its creation until the edit is saved: a kernel slow to start must not
+    // let a session with a short expiry lapse before the test has made its change.
     let beats = {
         let (a, path) = (
             a.clone(),
@@ -33,6 +38,10 @@ async fn edited_session(
             }
         })
     };
+    if let Err(e) = wait_status(&a, &pid, &nid, &sid, "running", Duration::from_secs(90)).await {
+        beats.abort();
+        return Err(e);
+    }
     let edited = edit_sum(&server.url, &sid, token, n).await;
     beats.abort();
     edited?;

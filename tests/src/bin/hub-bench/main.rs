@@ -21,6 +21,9 @@
 //!                            the hub names, without packs
 //!   --no-pack                skip the replay with the service's defaults (compression,
 //!                            deltas and packs)
+//!   --pack-level N           zstd level of pack blocks in that replay (the service's default)
+//!   --pack-block-bytes N     content bytes per pack block in that replay (the default)
+//!   --pack-max-node-bytes N  largest node packed in that replay (the default)
 //!   --no-restic | --no-git   skip those baselines
 //!   --fs                     the filesystem store even when an S3 server is configured
 //!   --csv FILE               also write one line per push to FILE
@@ -181,10 +184,21 @@ async fn main() -> anyhow::Result<()> {
         variants.push((label, zstd(o.delta_max_depth, false)));
     }
     if o.pack {
+        let defaults = defaults
+            && o.pack_level.is_none()
+            && o.pack_block_bytes.is_none()
+            && o.pack_max_node_bytes.is_none();
         let label = if defaults {
             "zstd + deltas + packs (defaults)".to_string()
         } else {
-            format!("zstd + deltas, depth {}, packs", o.delta_max_depth)
+            let d = cas_service::config::Config::default();
+            format!(
+                "zstd + deltas, depth {}, packs of nodes <= {} B at level {} in blocks of {} B",
+                o.delta_max_depth,
+                o.pack_max_node_bytes.unwrap_or(d.pack_max_node_bytes),
+                o.pack_level.unwrap_or(d.pack_level),
+                o.pack_block_bytes.unwrap_or(d.pack_block_bytes)
+            )
         };
         variants.push((label, zstd(o.delta_max_depth, true)));
     }

@@ -26,6 +26,10 @@ pub(crate) struct Options {
     pub(crate) zstd: bool,
     pub(crate) delta: bool,
     pub(crate) pack: bool,
+    /// Overrides of the packs' zstd level and block size (the service's defaults otherwise).
+    pub(crate) pack_level: Option<i32>,
+    pub(crate) pack_block_bytes: Option<u64>,
+    pub(crate) pack_max_node_bytes: Option<u64>,
     pub(crate) restic: bool,
     pub(crate) git: bool,
     pub(crate) fs: bool,
@@ -35,7 +39,7 @@ pub(crate) struct Options {
 pub(crate) fn usage() -> anyhow::Error {
     anyhow::anyhow!(
         "usage: hub-bench REPO [--topo] [--limit N] [--compress-min-bytes N] \
-         [--compress-level N] [--delta-max-depth N] [--no-plain] [--no-zstd] [--no-delta] [--no-pack] [--no-restic] [--no-git] \
+         [--compress-level N] [--delta-max-depth N] [--no-plain] [--no-zstd] [--no-delta] [--no-pack] [--pack-level N] [--pack-block-bytes N] [--pack-max-node-bytes N] [--no-restic] [--no-git] \
          [--fs] [--csv FILE]"
     )
 }
@@ -54,6 +58,9 @@ pub(crate) fn parse_options() -> anyhow::Result<Options> {
         zstd: true,
         delta: true,
         pack: true,
+        pack_level: None,
+        pack_block_bytes: None,
+        pack_max_node_bytes: None,
         restic: true,
         git: true,
         fs: false,
@@ -74,6 +81,13 @@ pub(crate) fn parse_options() -> anyhow::Result<Options> {
             "--no-zstd" => o.zstd = false,
             "--no-delta" => o.delta = false,
             "--no-pack" => o.pack = false,
+            "--pack-level" => o.pack_level = Some(value("--pack-level")?.parse()?),
+            "--pack-max-node-bytes" => {
+                o.pack_max_node_bytes = Some(value("--pack-max-node-bytes")?.parse()?)
+            }
+            "--pack-block-bytes" => {
+                o.pack_block_bytes = Some(value("--pack-block-bytes")?.parse()?)
+            }
             "--no-restic" => o.restic = false,
             "--no-git" => o.git = false,
             "--fs" => o.fs = true,

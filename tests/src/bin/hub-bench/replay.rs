@@ -141,13 +141,21 @@ pub(crate) async fn replay(
     env.set(
         "UNICAS_PACK_MAX_NODE_BYTES",
         if layout.pack {
-            defaults.pack_max_node_bytes
+            o.pack_max_node_bytes
+                .unwrap_or(defaults.pack_max_node_bytes)
         } else {
             0
         },
     )
     .set("UNICAS_PACK_MIN_NODES", defaults.pack_min_nodes)
-    .set("UNICAS_PACK_BLOCK_BYTES", defaults.pack_block_bytes)
+    .set(
+        "UNICAS_PACK_BLOCK_BYTES",
+        o.pack_block_bytes.unwrap_or(defaults.pack_block_bytes),
+    )
+    .set(
+        "UNICAS_PACK_LEVEL",
+        o.pack_level.unwrap_or(defaults.pack_level),
+    )
     .set("UNICAS_PACK_DELAY_MS", 5_000)
     .set("UNICAS_GC_INTERVAL_MS", 1_000);
     let proxy = if backend.blobs == Blobs::S3 {
