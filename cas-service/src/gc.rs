@@ -95,6 +95,21 @@ impl Service {
         })
     }
 
+    /// [`Service::gc_pass`] in a task of its own, so that it runs to its end when the request
+    /// that asked for it goes away: a pass stopped midway is safe, as a crashed one is, but
+    /// leaves its work (and the Space's packer lock, until it runs out) to later passes.
+    pub async fn gc_pass_to_completion(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        max_nodes: u32,
+    ) -> ApiResult<GcResponse> {
+        let (svc, app, space) = (self.clone(), app.clone(), space.clone());
+        tokio::spawn(async move { svc.gc_pass(&app, &space, max_nodes).await })
+            .await
+            .map_err(|e| ApiError::internal("running a gc pass", e))?
+    }
+
     /// Stores every ready dependent of the marked nodes alone (so that no delta needs them any
     /// more); answers the marked nodes whose objects may now be deleted.
     async fn free_dependents(

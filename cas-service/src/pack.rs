@@ -268,14 +268,22 @@ impl Service {
             || loose
                 .first()
                 .is_some_and(|(_, created)| *created <= now - c.pack_delay_ms as i64);
-        if heavy.is_empty() && !loose_due && small.len() < 2 {
+        let merged = merge_tier(
+            small,
+            if loose_due {
+                loose.iter().map(|(r, _)| r.stored_bytes).sum()
+            } else {
+                0
+            },
+        );
+        if heavy.is_empty() && !loose_due && merged.is_empty() {
             return Ok(None);
         }
         let mut rows: Vec<NodeRow> = Vec::new();
         let mut seen: HashSet<Hash> = HashSet::new();
         let mut total = 0i64;
         let mut sources = 0;
-        for p in heavy.iter().chain(small.iter()) {
+        for p in heavy.iter().chain(merged.iter()) {
             let members = self.meta.pack_members(app, space, &p.pack_id).await?;
             let size: i64 = members.iter().map(|r| r.size).sum();
             if !rows.is_empty()
@@ -366,6 +374,28 @@ impl Service {
         p.commit().await?;
         self.drop_packs(app, space, dead).await
     }
+}
+
+/// The small packs to merge with `written` bytes of new nodes: smallest first, each while it
+/// is at most twice what is written with it, so that a pack grows geometrically and a node is
+/// rewritten a logarithmic number of times rather than at every pass. Without new nodes, the
+/// smallest pack starts the merge, which is only worth it for two packs or more.
+fn merge_tier(mut small: Vec<&PackRow>, written: i64) -> Vec<&PackRow> {
+    small.sort_by_key(|p| p.object_bytes);
+    let mut merged = Vec::new();
+    let mut acc = written;
+    for p in small {
+        if acc == 0 || p.object_bytes <= 2 * acc {
+            acc += p.object_bytes;
+            merged.push(p);
+        } else {
+            break;
+        }
+    }
+    if written == 0 && merged.len() < 2 {
+        merged.clear();
+    }
+    merged
 }
 
 fn failed(point: &str) -> ApiError {
@@ -516,6 +546,29 @@ mod tests {
             }),
             pack: None,
         }
+    }
+
+    #[test]
+    fn small_packs_merge_in_tiers() {
+        let pack = |id: &str, bytes: i64| PackRow {
+            space: "s".parse().unwrap(),
+            pack_id: id.into(),
+            state: PackState::Live,
+            object_bytes: bytes,
+            live_nodes: 1,
+            live_bytes: bytes,
+            created_at: 0,
+        };
+        let (a, b, c) = (pack("a", 100), pack("b", 180), pack("c", 1000));
+        let ids = |m: Vec<&PackRow>| m.iter().map(|p| p.pack_id.clone()).collect::<Vec<_>>();
+        // 100 new bytes take the 100-byte pack, then (200 written) the 180-byte one; not 1000.
+        assert_eq!(ids(merge_tier(vec![&c, &b, &a], 100)), ["a", "b"]);
+        // Few new bytes: the packs stay as they are.
+        assert!(merge_tier(vec![&c, &b, &a], 40).is_empty());
+        // No new bytes: two packs of a tier merge; one alone, or one far larger, does not.
+        assert_eq!(ids(merge_tier(vec![&b, &a], 0)), ["a", "b"]);
+        assert!(merge_tier(vec![&c], 0).is_empty());
+        assert!(merge_tier(vec![&c, &a], 0).is_empty());
     }
 
     #[test]

@@ -301,6 +301,62 @@ impl TestEnv {
         cas_service::blob::BlobStore::open(&config).await
     }
 
+    /// Starts a server that pauses at `failpoint`, asks it for a GC pass of `space`, and kills
+    /// it (SIGKILL) once the pass reached the failpoint.
+    pub async fn kill_during_gc(
+        &self,
+        app: &TestApp,
+        space: &SpaceId,
+        failpoint: &str,
+    ) -> anyhow::Result<()> {
+        self.crash_at(failpoint, |server| {
+            let client = app.client(&server);
+            let space = space.clone();
+            async move {
+                tokio::spawn(async move { client.gc(&space, None).await });
+                server
+            }
+        })
+        .await
+    }
+
+    /// Starts the server with `failpoint=pause`, runs `op` (which starts work in the
+    /// background) until the server reports the failpoint, then kills it (SIGKILL).
+    pub async fn crash_at<F, Fut>(&self, failpoint: &str, op: F) -> anyhow::Result<()>
+    where
+        F: FnOnce(Server) -> Fut,
+        Fut: std::future::Future<Output = Server>,
+    {
+        let server = self.start_with(&[("UNICAS_FAILPOINTS", &format!("{failpoint}=pause"))])?;
+        let server = op(server).await;
+        server
+            .wait_for_log(
+                &format!("failpoint {failpoint} reached"),
+                Duration::from_secs(20),
+            )
+            .await?;
+        server.kill();
+        Ok(())
+    }
+
+    /// Replaces the object at `key` with `bytes` (to damage it).
+    pub async fn replace_object(&self, key: &str, bytes: Vec<u8>) -> anyhow::Result<()> {
+        let blobs = self.blobs().await?;
+        blobs.delete(key).await?;
+        let len = bytes.len() as u64;
+        blobs
+            .put_once(
+                key,
+                Box::pin(futures_util::stream::once(async move {
+                    Ok::<_, std::io::Error>(Bytes::from(bytes))
+                })),
+                len,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("replacing {key}: {e:?}"))?;
+        Ok(())
+    }
+
     /// The invariants that must hold after any interleaving, checked on the database: counts
     /// never negative, every `childRefCount` equal to the edges pointing at the node, no
     /// dangling edge, balances equal to the events and to the nodes' counts, usage rows equal

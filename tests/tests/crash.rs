@@ -10,25 +10,6 @@ use tests::*;
 
 const LEASE: u64 = 60_000;
 
-/// Starts the server with `failpoint=pause`, runs `op` in the background until the server
-/// reports the failpoint, then kills the server.
-async fn crash_at<F, Fut>(env: &TestEnv, failpoint: &str, op: F) -> anyhow::Result<()>
-where
-    F: FnOnce(Server) -> Fut,
-    Fut: std::future::Future<Output = Server>,
-{
-    let server = env.start_with(&[("UNICAS_FAILPOINTS", &format!("{failpoint}=pause"))])?;
-    let server = op(server).await;
-    server
-        .wait_for_log(
-            &format!("failpoint {failpoint} reached"),
-            Duration::from_secs(20),
-        )
-        .await?;
-    server.kill();
-    Ok(())
-}
-
 /// Killed between writing a node's object and committing its row: the object is an orphan
 /// (reported, inside its grace period), and the repeated lease after a restart publishes it.
 async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
@@ -43,7 +24,7 @@ async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
             .ensure_node(&sp, &child, &child_b, LEASE)
             .await?;
     }
-    crash_at(&env, "publish.after_object", |server| {
+    env.crash_at("publish.after_object", |server| {
         let client = app.client(&server);
         let (h, bytes) = (h, bytes.clone());
         let sp = sp.clone();
@@ -109,7 +90,7 @@ async fn fsck_adopts_a_proven_orphan(b: Backend) -> anyhow::Result<()> {
     let app = env.create_app("hub")?;
     let sp = space("s");
     let (h, bytes) = leaf(b"adopt me");
-    crash_at(&env, "publish.after_object", |server| {
+    env.crash_at("publish.after_object", |server| {
         let client = app.client(&server);
         let (h, bytes) = (h, bytes.clone());
         let sp = sp.clone();
@@ -157,7 +138,7 @@ async fn crash_in_the_middle_of_gc(b: Backend) -> anyhow::Result<()> {
             .await?;
     }
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    crash_at(&env, "gc.after_delete", |server| {
+    env.crash_at("gc.after_delete", |server| {
         let client = app.client(&server);
         let sp = sp.clone();
         async move {

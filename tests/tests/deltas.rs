@@ -145,22 +145,10 @@ async fn a_damaged_base_is_an_error(b: Backend) -> anyhow::Result<()> {
     drop(server);
 
     // The base's object replaced by other bytes of the same length: a frame of other text.
-    let blobs = env.blobs().await?;
     let key = node_key(&app.app, &sp, &h1, &r1.object_gen);
-    let other = zstd::bulk::compress(&text(2, 30_000), 3)?;
-    let mut forged = other.clone();
+    let mut forged = zstd::bulk::compress(&text(2, 30_000), 3)?;
     forged.resize(r1.stored_bytes as usize, b'\n');
-    blobs.delete(&key).await?;
-    blobs
-        .put_once(
-            &key,
-            Box::pin(futures_util::stream::once(async move {
-                Ok::<_, std::io::Error>(bytes::Bytes::from(forged))
-            })),
-            1 << 20,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    env.replace_object(&key, forged).await?;
 
     let server = env.start()?;
     let client = app.client(&server);
@@ -210,17 +198,7 @@ async fn killed_while_gc_stores_a_dependent_alone(b: Backend) -> anyhow::Result<
                 .is_some()
         );
         tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
-        let server = env.start_with(&[("UNICAS_FAILPOINTS", &format!("{failpoint}=pause"))])?;
-        let client = app.client(&server);
-        let gc_sp = sp.clone();
-        tokio::spawn(async move { client.gc(&gc_sp, None).await });
-        server
-            .wait_for_log(
-                &format!("failpoint {failpoint} reached"),
-                std::time::Duration::from_secs(20),
-            )
-            .await?;
-        server.kill();
+        env.kill_during_gc(&app, &sp, failpoint).await?;
         env.check_invariants(&meta, &app.app).await?;
 
         let server = env.start()?;

@@ -177,34 +177,38 @@ async fn small_nodes_are_packed_and_read_back(b: Backend) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Readers never see an error or other bytes while every GC pass rewrites the Space's pack (each
-/// pass merges it with newer nodes) and collects some of its entries.
+/// Readers never see an error or other bytes while every GC pass rewrites the pack they read
+/// from (each round collects one more of its entries, and any dead entry makes it worth
+/// rewriting here).
 async fn repack_during_concurrent_reads(b: Backend) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
-    env.set("UNICAS_PACK_MERGE_BYTES", 1u64 << 30);
+    env.set("UNICAS_REPACK_DEAD_PERCENT", 1);
     let app = env.create_app("hub")?;
     let server = env.start()?;
     let client = app.client(&server);
     let meta = env.meta().await?;
     let sp = space("s");
-    let held = Arc::new(versions_and_others(&client, &sp, 7, 6, 10).await?);
+    let all = versions_and_others(&client, &sp, 7, 6, 10).await?;
+    let (released, kept) = all.split_at(8);
+    let kept = Arc::new(kept.to_vec());
     client.gc(&sp, None).await?;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::new();
     for r in 0..3 {
-        let (client, sp, held, stop, reads) = (
+        let (client, sp, kept, stop, reads) = (
             app.client(&server),
             sp.clone(),
-            held.clone(),
+            kept.clone(),
             stop.clone(),
             reads.clone(),
         );
         readers.push(tokio::spawn(async move {
             let mut i = r;
             while !stop.load(Ordering::Relaxed) {
-                let (h, c) = &held[i % held.len()];
+                let (h, c) = &kept[i % kept.len()];
                 let got = client.read_node(&sp, h).await?;
                 anyhow::ensure!(got[..] == c[..], "{h} read back other bytes");
                 reads.fetch_add(1, Ordering::Relaxed);
@@ -214,21 +218,16 @@ async fn repack_during_concurrent_reads(b: Backend) -> anyhow::Result<()> {
         }));
     }
     let mut pack_ids = std::collections::BTreeSet::new();
-    for round in 0..8u64 {
-        // New nodes, some of them collected at once: every pass writes a new pack.
-        let fresh = text(round + 100, 500);
-        let hf = store(&client, &sp, leaf(&fresh).1, None).await?;
-        if round % 2 == 0 {
-            client
-                .update_root_refs(&sp, &rid(&format!("keep-{round}")), [(hf, 1)].into())
-                .await?;
-        }
+    for (round, (h, _)) in released.iter().enumerate() {
+        client
+            .update_root_refs(&sp, &rid(&format!("release-{round}")), [(*h, -1)].into())
+            .await?;
+        // Rewrites the pack (dead since the last round), then collects this entry.
         client.gc(&sp, None).await?;
         for p in meta.packs(&app.app, Some(&sp)).await? {
             pack_ids.insert(p.pack_id);
         }
     }
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
     client.gc(&sp, None).await?;
     stop.store(true, Ordering::Relaxed);
     for r in readers {
@@ -242,8 +241,9 @@ async fn repack_during_concurrent_reads(b: Backend) -> anyhow::Result<()> {
     assert!(reads.load(Ordering::Relaxed) > 50, "the readers read");
     let packs = meta.packs(&app.app, Some(&sp)).await?;
     assert_eq!(packs.len(), 1, "{packs:?}");
+    assert_eq!(packs[0].live_nodes, kept.len() as i64);
     assert_eq!(pack_objects(&env, &app, &sp).await?.len(), 1);
-    read_all(&client, &sp, &held).await?;
+    read_all(&client, &sp, &kept).await?;
     env.check_invariants(&meta, &app.app).await?;
     env.assert_consistent("hub")?;
     Ok(())
@@ -335,17 +335,7 @@ async fn killed_at_every_step_of_packing(b: Backend) -> anyhow::Result<()> {
                     nodes
                 }
             };
-            let server = env.start_with(&[("UNICAS_FAILPOINTS", &format!("{failpoint}=pause"))])?;
-            let client = app.client(&server);
-            let gc_sp = sp.clone();
-            tokio::spawn(async move { client.gc(&gc_sp, None).await });
-            server
-                .wait_for_log(
-                    &format!("failpoint {failpoint} reached"),
-                    Duration::from_secs(20),
-                )
-                .await?;
-            server.kill();
+            env.kill_during_gc(&app, &sp, failpoint).await?;
             env.check_invariants(&meta, &app.app).await?;
 
             let server = env.start()?;
@@ -422,17 +412,7 @@ async fn a_damaged_pack_is_an_error(b: Backend) -> anyhow::Result<()> {
     )
     .await?;
     object[(span.block_offset + span.block_bytes / 2) as usize] ^= 0x20;
-    blobs.delete(&key).await?;
-    blobs
-        .put_once(
-            &key,
-            Box::pin(futures_util::stream::once(async move {
-                Ok::<_, std::io::Error>(bytes::Bytes::from(object))
-            })),
-            1 << 24,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    env.replace_object(&key, object).await?;
 
     let server = env.start()?;
     let client = app.client(&server);

@@ -317,7 +317,10 @@ pub async fn gc(
             "maxNodes must be 1..={GC_MAX_NODES}"
         )));
     }
-    Ok(Json(svc.gc_pass(&q.app_id, &q.space_id, max).await?))
+    Ok(Json(
+        svc.gc_pass_to_completion(&q.app_id, &q.space_id, max)
+            .await?,
+    ))
 }
 
 /// Applies a signed root-ref delta (idempotent by `requestId`).

@@ -22,7 +22,8 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt;
 
 use crate::blob::{
-    Encoding, node_key, node_prefix, pack_key, parse_node_key, parse_pack_key, upload_key,
+    Encoding, ListedObject, node_key, node_prefix, pack_key, parse_node_key, parse_pack_key,
+    upload_key,
 };
 use crate::delta::ContentError;
 use crate::meta::{DeltaBase, Evidence, FinalizeOutcome, GenState, NodeRow, StoredObject};
@@ -357,7 +358,8 @@ impl Service {
         for o in objects {
             if let Some((_, space, pack)) = parse_pack_key(&o.key) {
                 if !packs.has(&space, &pack) {
-                    self.orphan_pack(opts, &o, now - o.modified_ms < grace, report)
+                    let in_grace = now - o.modified_ms < grace;
+                    self.orphan(opts, &o, "pack without a row", in_grace, report)
                         .await?;
                 }
                 continue;
@@ -397,24 +399,14 @@ impl Service {
                 );
                 continue;
             }
-            if in_grace {
-                report.note(
-                    "orphan-in-grace",
-                    format!("{}: no row yet; inside its grace period", o.key),
-                );
-            } else if opts.repair_orphans {
-                self.blobs.delete(&o.key).await?;
-                report.orphans_deleted += 1;
-                report.note(
-                    "orphan-deleted",
-                    format!("{}: no row and no evidence; deleted", o.key),
-                );
-            } else {
-                report.bad(
-                    "orphan",
-                    format!("{}: object without a row, past its grace period", o.key),
-                );
-            }
+            self.orphan(
+                opts,
+                &o,
+                "object without a row or upload evidence",
+                in_grace,
+                report,
+            )
+            .await?;
         }
         let uploads = self.blobs.list(&format!("uploads/app.{app}/")).await?;
         report.objects_listed += uploads.len() as u64;
@@ -455,6 +447,34 @@ impl Service {
                     ),
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// An object nothing accounts for (`what` says which): noted inside its grace period,
+    /// deleted after it with `repair_orphans`, an inconsistency otherwise.
+    pub(super) async fn orphan(
+        &self,
+        opts: &FsckOptions,
+        o: &ListedObject,
+        what: &str,
+        in_grace: bool,
+        report: &mut FsckReport,
+    ) -> anyhow::Result<()> {
+        if in_grace {
+            report.note(
+                "orphan-in-grace",
+                format!("{}: {what}; inside its grace period", o.key),
+            );
+        } else if opts.repair_orphans {
+            self.blobs.delete(&o.key).await?;
+            report.orphans_deleted += 1;
+            report.note("orphan-deleted", format!("{}: {what}; deleted", o.key));
+        } else {
+            report.bad(
+                "orphan",
+                format!("{}: {what}, past its grace period", o.key),
+            );
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use cas_format::SpaceId;
 
 use super::{FsckOptions, FsckReport};
 use crate::Service;
-use crate::blob::{ListedObject, pack_key};
+use crate::blob::pack_key;
 use crate::delta::ContentError;
 use crate::meta::{NodeRow, PackRow, PackState};
 
@@ -113,6 +113,11 @@ impl Service {
             }
             let key = pack_key(&opts.app, space, id);
             match self.blobs.get(&key, None).await? {
+                // A packer stopped between deleting a dead pack's object and its row.
+                None if p.live_nodes == 0 => report.note(
+                    "dead-pack",
+                    format!("{key}: no row points at it and its object is gone; the next packer forgets it"),
+                ),
                 None => report.bad(
                     "missing-pack",
                     format!("{key}: live pack without its object"),
@@ -136,36 +141,6 @@ impl Service {
                     ),
                 );
             }
-        }
-        Ok(())
-    }
-
-    /// A pack object without a pack row (a packer stopped between deleting a pack's row and
-    /// its object, or lost its lock while writing).
-    pub(super) async fn orphan_pack(
-        &self,
-        opts: &FsckOptions,
-        o: &ListedObject,
-        in_grace: bool,
-        report: &mut FsckReport,
-    ) -> anyhow::Result<()> {
-        if in_grace {
-            report.note(
-                "orphan-in-grace",
-                format!("{}: pack without a row; inside its grace period", o.key),
-            );
-        } else if opts.repair_orphans {
-            self.blobs.delete(&o.key).await?;
-            report.orphans_deleted += 1;
-            report.note(
-                "orphan-deleted",
-                format!("{}: pack without a row; deleted", o.key),
-            );
-        } else {
-            report.bad(
-                "orphan",
-                format!("{}: pack without a row, past its grace period", o.key),
-            );
         }
         Ok(())
     }
