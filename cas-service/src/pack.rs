@@ -11,7 +11,8 @@
 //! (decoded blocks are cached with the delta bases) and verifies the node's hash.
 //!
 //! The same pass rewrites packs whose collected entries hold `repack_dead_percent` of them,
-//! and merges packs smaller than `pack_merge_bytes` with newer nodes. One packer per partition
+//! and merges packs smaller than `pack_merge_bytes` with newer nodes, in tiers (a pack joins
+//! while it is at most twice what is written with it). One packer per partition
 //! at a time (a lock row with an expiry). Every step is crash-safe: the pack row is recorded
 //! `writing` before its object is written, the rows move to it in one transaction (which checks
 //! that each row still names the object it was read from), and what a crash leaves (a
