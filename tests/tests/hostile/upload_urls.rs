@@ -41,7 +41,8 @@ async fn an_expired_upload_url_is_renewed(b: Backend) -> anyhow::Result<()> {
     );
     assert_ne!(second.url, first.url);
     if b.blobs == Blobs::Fs {
-        // The service's own URLs check their expiry.
+        // The service's own URLs check their expiry, before reading the body (sent empty here:
+        // the early 403 of a large body races with the body's write, a broken pipe).
         let r = reqwest::Client::new()
             .put(&first.url)
             .headers(
@@ -51,7 +52,7 @@ async fn an_expired_upload_url_is_renewed(b: Backend) -> anyhow::Result<()> {
                     .map(|(k, v)| (k.parse().expect("header"), v.parse().expect("value")))
                     .collect(),
             )
-            .body(portable.clone())
+            .body(Vec::new())
             .send()
             .await?;
         assert_eq!(r.status(), 403, "an expired URL was accepted");
