@@ -245,8 +245,8 @@ impl Service {
     }
 
     /// The rows to pack now, or `None` when nothing is worth a pack: packs whose dead entries
-    /// reached `repack_dead_percent`, then packs under `pack_merge_bytes` (oldest first), then
-    /// loose small nodes (oldest first), within `pack_max_bytes` of content.
+    /// reached `repack_dead_percent`, then the tier of packs under `pack_merge_bytes` that
+    /// [`merge_tier`] takes, then loose small nodes (oldest first), within `pack_max_bytes`.
     async fn pack_work(&self, app: &AppId, space: &SpaceId) -> ApiResult<Option<Vec<NodeRow>>> {
         let c = &self.config;
         let now = now_ms();
