@@ -3,11 +3,14 @@
 //! the node they replace, which the service may store them as a delta against.
 //!
 //! Only the directories on changed paths and the indexes of changed chunked files are
-//! compared; the earlier ones are read from the Space, the new ones from the plan. A
+//! compared; the earlier ones are read from the Space, the new ones from the plan. A new file
+//! at a path the earlier tree does not have (added, copied or moved) is paired with an earlier
+//! file of the same name elsewhere in the tree, as git's packer pairs blobs by name: the
+//! earlier tree's directories are then read, at most [`NAME_SEARCH_DIRS`] of them. A
 //! suggestion is advisory: a wrong one costs the service one compression that it then does
 //! not keep.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use cas_format::svalue::{self, SValueLimits};
 use cas_format::{Hash, NodeLimits, SpaceId, decode_portable};
@@ -16,22 +19,28 @@ use futures_util::future::BoxFuture;
 use crate::client::AppCasClient;
 use crate::dag::{Plan, Source};
 use crate::error::ClientError;
-use crate::files::parse_index;
+use crate::files::{FileRef, parse_index};
 use crate::tree::{DirNode, Entry, MAX_PART_LEVELS, MAX_PATH_DEPTH, parse_dir_node};
 
+/// How many directories of the earlier tree a search for files by name reads at most.
+pub const NAME_SEARCH_DIRS: usize = 256;
+
 /// For each chunk of `new` that `old` does not hold, the chunk of `old` it most probably
-/// replaces: chunks both hold (in order) anchor the two lists, and the changed chunks between
-/// two anchors are paired in order with the old chunks between the same anchors (the last of
-/// those for any extra new ones, the next old chunk for a pure insertion).
-pub fn pair_chunks(old: &[Hash], new: &[Hash]) -> Vec<(Hash, Hash)> {
+/// replaces. Chunks are `(hash, length)` in file order. Chunks both hold (in order) anchor the
+/// two lists; a changed chunk between two anchors pairs with the old chunk between the same
+/// anchors whose bytes overlap its own most (measured from the preceding anchor, so an edit
+/// that moves content-defined boundaries still pairs chunks holding the same stretch), with
+/// the last of those when it reaches past them, and with the next old chunk for a pure
+/// insertion.
+pub fn pair_chunks(old: &[(Hash, u64)], new: &[(Hash, u64)]) -> Vec<(Hash, Hash)> {
     let mut positions: HashMap<Hash, Vec<usize>> = HashMap::new();
-    for (i, h) in old.iter().enumerate() {
+    for (i, (h, _)) in old.iter().enumerate() {
         positions.entry(*h).or_default().push(i);
     }
     // Anchors: (new index, old index), increasing in both.
     let mut anchors: Vec<(usize, usize)> = Vec::new();
     let mut next_old = 0usize;
-    for (j, h) in new.iter().enumerate() {
+    for (j, (h, _)) in new.iter().enumerate() {
         if let Some(i) = positions
             .get(h)
             .and_then(|ps| ps.iter().copied().find(|&i| i >= next_old))
@@ -48,12 +57,17 @@ pub fn pair_chunks(old: &[Hash], new: &[Hash]) -> Vec<(Hash, Hash)> {
         .chain(std::iter::once((new.len(), old.len())));
     for (new_to, old_to) in ends {
         let replaced = &old[old_from..old_to];
-        for (k, h) in new[new_from..new_to].iter().enumerate() {
-            let base = replaced
-                .get(k)
-                .or(replaced.last())
-                .or_else(|| old.get(old_to))
-                .or_else(|| old_to.checked_sub(1).and_then(|i| old.get(i)));
+        let mut at = 0u64;
+        for (h, len) in &new[new_from..new_to] {
+            let base = most_overlapping(replaced, at, at.saturating_add(*len))
+                .or_else(|| old.get(old_to).map(|(b, _)| b))
+                .or_else(|| {
+                    old_to
+                        .checked_sub(1)
+                        .and_then(|i| old.get(i))
+                        .map(|(b, _)| b)
+                });
+            at = at.saturating_add(*len);
             if let Some(b) = base
                 && b != h
             {
@@ -64,6 +78,22 @@ pub fn pair_chunks(old: &[Hash], new: &[Hash]) -> Vec<(Hash, Hash)> {
         old_from = old_to + 1;
     }
     pairs
+}
+
+/// Of `chunks` laid end to end from 0, the one that overlaps `start..end` most (the first of
+/// equals), or the last when none does.
+fn most_overlapping(chunks: &[(Hash, u64)], start: u64, end: u64) -> Option<&Hash> {
+    let mut best: Option<(&Hash, u64)> = None;
+    let mut at = 0u64;
+    for (h, len) in chunks {
+        let (a, b) = (at, at.saturating_add(*len));
+        at = b;
+        let overlap = end.min(b).saturating_sub(start.max(a));
+        if overlap > 0 && best.is_none_or(|(_, o)| overlap > o) {
+            best = Some((h, overlap));
+        }
+    }
+    best.map(|(h, _)| h).or(chunks.last().map(|(h, _)| h))
 }
 
 /// The SValue content of a node the plan holds in memory.
@@ -87,8 +117,67 @@ impl AppCasClient {
         earlier: Hash,
     ) -> Result<usize, ClientError> {
         let before = plan.delta_bases.len();
-        self.suggest_dir(space, plan, root, earlier, 0).await?;
+        let mut unmatched = Vec::new();
+        self.suggest_dir(space, plan, root, earlier, 0, &mut unmatched)
+            .await?;
+        if !unmatched.is_empty() {
+            let by_name = self.files_by_name(space, earlier).await?;
+            for (name, file) in unmatched {
+                if let Some(before) = by_name.get(&name) {
+                    self.suggest_file(space, plan, &file, before).await?;
+                }
+            }
+        }
         Ok(plan.delta_bases.len() - before)
+    }
+
+    /// Pairs a planned file with the earlier file it most probably replaces, and their chunks.
+    async fn suggest_file(
+        &self,
+        space: &SpaceId,
+        plan: &mut Plan,
+        file: &FileRef,
+        before: &FileRef,
+    ) -> Result<(), ClientError> {
+        if file.node == before.node {
+            return Ok(());
+        }
+        plan.suggest_base(file.node, before.node);
+        if file.chunked && before.chunked {
+            self.suggest_chunks(space, plan, file.node, before.node)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The files of the tree `root` by name (the shallowest of each name, then the first in
+    /// path order), reading at most [`NAME_SEARCH_DIRS`] directories breadth first.
+    async fn files_by_name(
+        &self,
+        space: &SpaceId,
+        root: Hash,
+    ) -> Result<HashMap<String, FileRef>, ClientError> {
+        let mut found: HashMap<String, FileRef> = HashMap::new();
+        let mut queue = VecDeque::from([(root, 0usize)]);
+        let mut read = 0usize;
+        while let Some((dir, depth)) = queue.pop_front() {
+            if read == NAME_SEARCH_DIRS {
+                break;
+            }
+            read += 1;
+            for (name, entry) in self.read_dir(space, &dir).await? {
+                match entry {
+                    Entry::File { file, .. } => {
+                        found.entry(name).or_insert(file);
+                    }
+                    Entry::Dir { node } if depth < MAX_PATH_DEPTH => {
+                        queue.push_back((node, depth + 1))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(found)
     }
 
     fn suggest_dir<'a>(
@@ -98,6 +187,7 @@ impl AppCasClient {
         new: Hash,
         old: Hash,
         depth: usize,
+        unmatched: &'a mut Vec<(String, FileRef)>,
     ) -> BoxFuture<'a, Result<(), ClientError>> {
         Box::pin(async move {
             if new == old || depth > MAX_PATH_DEPTH || !plan.nodes.contains_key(&new) {
@@ -111,18 +201,16 @@ impl AppCasClient {
             for (name, n) in new_entries {
                 match (n, old_entries.get(&name)) {
                     (Entry::Dir { node }, Some(Entry::Dir { node: before })) => {
-                        self.suggest_dir(space, plan, node, *before, depth + 1)
+                        self.suggest_dir(space, plan, node, *before, depth + 1, unmatched)
                             .await?;
                     }
-                    (Entry::File { file, .. }, Some(Entry::File { file: before, .. }))
-                        if file.node != before.node =>
-                    {
-                        plan.suggest_base(file.node, before.node);
-                        if file.chunked && before.chunked {
-                            self.suggest_chunks(space, plan, file.node, before.node)
-                                .await?;
-                        }
+                    (Entry::File { file, .. }, Some(Entry::File { file: before, .. })) => {
+                        self.suggest_file(space, plan, &file, before).await?;
                     }
+                    (Entry::File { file, .. }, _) if plan.nodes.contains_key(&file.node) => {
+                        unmatched.push((name, file))
+                    }
+                    (Entry::Dir { node }, _) => planned_files(plan, node, depth + 1, unmatched),
                     _ => {}
                 }
             }
@@ -150,12 +238,27 @@ impl AppCasClient {
         if new_index.depth != 0 || old_index.depth != 0 {
             return Ok(());
         }
-        let old_chunks: Vec<Hash> = old_index.entries.iter().map(|(h, _)| *h).collect();
-        let new_chunks: Vec<Hash> = new_index.entries.iter().map(|(h, _)| *h).collect();
-        for (n, o) in pair_chunks(&old_chunks, &new_chunks) {
+        for (n, o) in pair_chunks(&old_index.entries, &new_index.entries) {
             plan.suggest_base(n, o);
         }
         Ok(())
+    }
+}
+
+/// The files of a planned directory that the earlier tree does not have, by name: its
+/// subdirectories that are in the plan are walked, the others hold only earlier files.
+fn planned_files(plan: &Plan, dir: Hash, depth: usize, out: &mut Vec<(String, FileRef)>) {
+    if depth > MAX_PATH_DEPTH {
+        return;
+    }
+    for (name, entry) in planned_entries(plan, &dir, 0).unwrap_or_default() {
+        match entry {
+            Entry::File { file, .. } if plan.nodes.contains_key(&file.node) => {
+                out.push((name, file))
+            }
+            Entry::Dir { node } => planned_files(plan, node, depth + 1, out),
+            _ => {}
+        }
     }
 }
 
@@ -184,36 +287,44 @@ mod tests {
         Hash::digest(&[i])
     }
 
+    /// Chunks of ten bytes each.
+    fn c(ids: &[u8]) -> Vec<(Hash, u64)> {
+        ids.iter().map(|&i| (h(i), 10)).collect()
+    }
+
     #[test]
     fn changed_chunks_pair_with_what_they_replace() {
-        let old = [h(1), h(2), h(3), h(4)];
+        let old = c(&[1, 2, 3, 4]);
         // One chunk edited in the middle.
-        assert_eq!(
-            pair_chunks(&old, &[h(1), h(20), h(3), h(4)]),
-            vec![(h(20), h(2))]
-        );
+        assert_eq!(pair_chunks(&old, &c(&[1, 20, 3, 4])), vec![(h(20), h(2))]);
         // Two edited, one after the other.
         assert_eq!(
-            pair_chunks(&old, &[h(1), h(20), h(30), h(4)]),
+            pair_chunks(&old, &c(&[1, 20, 30, 4])),
             vec![(h(20), h(2)), (h(30), h(3))]
         );
         // An insertion pairs with the chunk after it; an edit of the last with the last.
         assert_eq!(
-            pair_chunks(&old, &[h(1), h(9), h(2), h(3), h(40)]),
+            pair_chunks(&old, &c(&[1, 9, 2, 3, 40])),
             vec![(h(9), h(2)), (h(40), h(4))]
         );
         // More new chunks than replaced: the extra ones pair with the last replaced.
         assert_eq!(
-            pair_chunks(&old, &[h(1), h(20), h(21), h(22), h(3), h(4)]),
+            pair_chunks(&old, &c(&[1, 20, 21, 22, 3, 4])),
             vec![(h(20), h(2)), (h(21), h(2)), (h(22), h(2))]
         );
         // Nothing shared: in order.
         assert_eq!(
-            pair_chunks(&[h(1), h(2)], &[h(5), h(6), h(7)]),
+            pair_chunks(&c(&[1, 2]), &c(&[5, 6, 7])),
             vec![(h(5), h(1)), (h(6), h(2)), (h(7), h(2))]
+        );
+        // Boundaries moved: each pairs with the old chunk that held most of its bytes.
+        let moved = [(h(1), 10), (h(20), 4), (h(21), 4), (h(30), 12), (h(4), 10)];
+        assert_eq!(
+            pair_chunks(&old, &moved),
+            vec![(h(20), h(2)), (h(21), h(2)), (h(30), h(3))]
         );
         // Unchanged: nothing.
         assert!(pair_chunks(&old, &old).is_empty());
-        assert!(pair_chunks(&[], &[h(1)]).is_empty());
+        assert!(pair_chunks(&[], &c(&[1])).is_empty());
     }
 }
