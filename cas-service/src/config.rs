@@ -75,6 +75,10 @@ pub struct Config {
     pub delta_cache_bytes: u64,
     /// Nodes of at most this much content are packed together by GC passes (`0`: no packs).
     pub pack_max_node_bytes: u64,
+    /// Nodes of at most this much content (and at most `pack_max_node_bytes`) are published
+    /// with their bytes held in the database until they are packed, not written as objects of
+    /// their own (`0`: every node is an object until packed).
+    pub hold_max_bytes: u64,
     /// A pass packs a partition's loose small nodes once there are this many …
     pub pack_min_nodes: u64,
     /// … or once the oldest of them is this old.
@@ -188,6 +192,7 @@ impl Default for Config {
             delta_max_bytes: 4 << 20,
             delta_cache_bytes: 64 << 20,
             pack_max_node_bytes: 64 << 10,
+            hold_max_bytes: 64 << 10,
             pack_min_nodes: 64,
             pack_delay_ms: 60_000,
             pack_block_bytes: 256 << 10,
@@ -305,6 +310,7 @@ impl Config {
         parse_env("DELTA_MAX_BYTES", &mut self.delta_max_bytes)?;
         parse_env("DELTA_CACHE_BYTES", &mut self.delta_cache_bytes)?;
         parse_env("PACK_MAX_NODE_BYTES", &mut self.pack_max_node_bytes)?;
+        parse_env("HOLD_MAX_BYTES", &mut self.hold_max_bytes)?;
         parse_env("PACK_MIN_NODES", &mut self.pack_min_nodes)?;
         parse_env("PACK_DELAY_MS", &mut self.pack_delay_ms)?;
         parse_env("PACK_BLOCK_BYTES", &mut self.pack_block_bytes)?;

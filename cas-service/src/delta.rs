@@ -262,6 +262,7 @@ impl Service {
                     encoding: Encoding::ZstdDelta,
                     stored_bytes: len,
                     delta: Some(link),
+                    held: None,
                 },
             ));
         }
@@ -274,6 +275,7 @@ impl Service {
                         encoding: Encoding::Zstd,
                         stored_bytes: len,
                         delta: None,
+                        held: None,
                     },
                 )
             }
@@ -438,44 +440,6 @@ impl Service {
         Ok(content)
     }
 
-    /// A row's whole object (or its pack entry), at most its recorded size (and never more
-    /// than a node's largest own content).
-    pub(crate) async fn object_bytes(
-        &self,
-        app: &AppId,
-        space: &SpaceId,
-        row: &NodeRow,
-        cached: bool,
-    ) -> Result<Bytes, ContentError> {
-        use tokio::io::AsyncReadExt;
-        if let Some(span) = row.pack {
-            return self.pack_entry(app, space, row, span, cached).await;
-        }
-        let key = crate::blob::node_key(app, space, &row.hash, &row.object_gen);
-        let Some((reader, len)) = self
-            .blobs
-            .get(&key, None)
-            .await
-            .map_err(|e| ApiError::storage_unavailable("reading an object", e))?
-        else {
-            return Err(ContentError::Moved);
-        };
-        if len as i64 != row.stored_bytes || len > IN_MEMORY_MAX + 1024 {
-            return Err(integrity(format!(
-                "the object of {} holds {len} bytes; its row says {}",
-                row.hash, row.stored_bytes
-            ))
-            .into());
-        }
-        let mut buf = Vec::with_capacity(len as usize);
-        reader
-            .take(len)
-            .read_to_end(&mut buf)
-            .await
-            .map_err(|e| ApiError::storage_unavailable("reading an object", e))?;
-        Ok(Bytes::from(buf))
-    }
-
     /// One of the permits that bound content held in memory (a node, its base and its
     /// encoding: at most three times [`IN_MEMORY_MAX`] each).
     pub(crate) async fn in_memory_permit(&self) -> ApiResult<tokio::sync::SemaphorePermit<'_>> {
@@ -530,6 +494,7 @@ pub(crate) fn identity(size: u64) -> StoredObject {
         encoding: Encoding::Identity,
         stored_bytes: size as i64,
         delta: None,
+        held: None,
     }
 }
 

@@ -62,9 +62,9 @@ impl Service {
         // first, and a base whose dependents could not be is left for a later pass.
         let marked = self.free_dependents(app, space, marked).await?;
         // A packed node's entry stays in its pack (rewritten by the packer once enough of it
-        // is dead); other nodes' objects go now.
-        let (mut deleted_objects, loose): (Vec<Marked>, Vec<Marked>) =
-            marked.into_iter().partition(|m| m.packed);
+        // is dead), held bytes go with their row; other nodes' objects go now.
+        let (loose, mut deleted_objects): (Vec<Marked>, Vec<Marked>) =
+            marked.into_iter().partition(|m| m.own_object);
         deleted_objects.extend(
             self.delete_objects(loose, |m| node_key(app, space, &m.hash, &m.object_gen))
                 .await,

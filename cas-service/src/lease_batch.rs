@@ -432,7 +432,7 @@ impl Service {
             let mut waiting = Vec::new();
             let before = remaining.len();
             for s in remaining {
-                let Some(stored) = s.object else {
+                let Some(stored) = s.object.clone() else {
                     continue;
                 };
                 let duration = self.config.clamp_lease(s.node.element.lease_duration_ms) as i64;

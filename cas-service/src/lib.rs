@@ -35,6 +35,7 @@ pub mod pack;
 pub mod read;
 pub mod root_refs;
 pub mod staging;
+mod stored_bytes;
 pub mod upload;
 
 use crate::auth::Registry;

@@ -208,7 +208,8 @@ impl Service {
 
     /// Writes the own content of the node of generation `g` to its object: as a delta against
     /// `hint` when that base is usable and it pays, else compressed when configured and
-    /// worthwhile, else as it is (see `crate::delta`). Returns what the row records.
+    /// worthwhile, else as it is (see `crate::delta`). A small node's stored bytes are kept in
+    /// memory for its row to hold instead ([`Service::holds`]). Returns what the row records.
     pub(crate) async fn write_object(
         &self,
         app: &AppId,
@@ -221,26 +222,38 @@ impl Service {
         let key = node_key(app, space, &g.hash, &g.gen_id);
         let min = self.config.compress_min_bytes;
         let compress = min > 0 && size >= min;
-        if size <= IN_MEMORY_MAX && (compress || hint.is_some()) {
+        let hold = self.holds(size);
+        if size <= IN_MEMORY_MAX && (compress || hint.is_some() || hold) {
             let encoded = {
                 let _permit = self.in_memory_permit().await?;
                 match self.delta_base(app, space, &g.hash, size, hint).await? {
                     None if !compress => None,
                     base => {
                         let content = read_spool(&spool, size).await?;
-                        let (bytes, stored) = self.encode_content(content, base).await?;
-                        if stored.encoding != Encoding::Identity {
-                            // The spool file takes the encoded bytes: no second file per node.
-                            rewrite_spool(&spool, bytes).await?;
-                        }
-                        Some(stored)
+                        Some(self.encode_content(content, base).await?)
                     }
                 }
             };
-            if let Some(stored) = encoded {
-                self.put(&key, spool, stored.stored_bytes as u64).await?;
-                return Ok(stored);
+            let (bytes, stored) = match encoded {
+                Some(done) => done,
+                None if hold => (read_spool(&spool, size).await?, identity(size)),
+                None => {
+                    self.put(&key, spool, size).await?;
+                    return Ok(identity(size));
+                }
+            };
+            if hold {
+                return Ok(StoredObject {
+                    held: Some(bytes),
+                    ..stored
+                });
             }
+            if stored.encoding != Encoding::Identity {
+                // The spool file takes the encoded bytes: no second file per node.
+                rewrite_spool(&spool, bytes).await?;
+            }
+            self.put(&key, spool, stored.stored_bytes as u64).await?;
+            return Ok(stored);
         } else if compress {
             let compressed = self.compress(&spool).await?;
             let len = compressed
@@ -255,6 +268,7 @@ impl Service {
                     encoding: Encoding::Zstd,
                     stored_bytes: len as i64,
                     delta: None,
+                    held: None,
                 });
             }
         }
@@ -263,7 +277,7 @@ impl Service {
     }
 
     /// As [`Service::write_object`], for own content already in memory (an inline node):
-    /// encoded there, and spooled once.
+    /// encoded there, and spooled once (or held).
     pub(crate) async fn write_content(
         &self,
         app: &AppId,
@@ -282,6 +296,12 @@ impl Service {
         } else {
             (own, identity(size))
         };
+        if self.holds(size) {
+            return Ok(StoredObject {
+                held: Some(bytes),
+                ..stored
+            });
+        }
         self.put_bytes(&key, bytes).await?;
         Ok(stored)
     }

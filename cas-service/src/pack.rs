@@ -546,6 +546,7 @@ mod tests {
                 depth: 1,
             }),
             pack: None,
+            held: false,
         }
     }
 

@@ -109,9 +109,9 @@ impl Service {
         // A row whose object GC replaced meanwhile (re-encoding a collected base's dependent)
         // is read again, a few times at most.
         for _ in 0..4 {
-            if row.delta.is_some() || row.pack.is_some() {
-                // Rebuilt through its chain or read from its pack block and verified, in
-                // memory (deltas and packed nodes are small).
+            if !row.own_object() || row.delta.is_some() {
+                // Rebuilt through its chain, read from its pack block or its row, and
+                // verified, in memory (deltas, packed and held nodes are small).
                 let (row, content) = self.delta_content(app, space, row).await?;
                 let body = match range {
                     Some((start, end)) => content.slice(start as usize..end as usize),

@@ -177,6 +177,14 @@ impl Service {
                     }
                     continue;
                 }
+                if row.held {
+                    if row.is_ready() {
+                        let missing = ("held-bytes", "its held bytes are missing");
+                        self.check_rebuilt(opts, &space, &row, missing, report)
+                            .await?;
+                    }
+                    continue;
+                }
                 let key = node_key(&opts.app, &space, &row.hash, &row.object_gen);
                 let found = self.blobs.get(&key, None).await?;
                 let Some((reader, stored)) = found else {
@@ -241,6 +249,34 @@ impl Service {
 
     /// A ready delta row: its base has a row in the partition, its chain is not deeper than
     /// the row says, and (verifying content) the chain rebuilds the node's content.
+    /// A row read in memory (packed or held): its delta chain, else (with `verify_content`)
+    /// its content; `missing` names the finding when its bytes are gone.
+    async fn check_rebuilt(
+        &self,
+        opts: &FsckOptions,
+        space: &SpaceId,
+        row: &NodeRow,
+        missing: (&'static str, &str),
+        report: &mut FsckReport,
+    ) -> anyhow::Result<()> {
+        if let Some(d) = row.delta {
+            return self.check_delta(opts, space, row, d, report).await;
+        }
+        if opts.verify_content {
+            match self.rebuild(&opts.app, space, row, false).await {
+                Ok(_) => {}
+                Err(ContentError::Moved) => {
+                    report.bad(missing.0, format!("{space}/{}: {}", row.hash, missing.1))
+                }
+                Err(ContentError::Failed(e)) => report.bad(
+                    "object-hash",
+                    format!("{space}/{}: {}", row.hash, e.message),
+                ),
+            }
+        }
+        Ok(())
+    }
+
     async fn check_delta(
         &self,
         opts: &FsckOptions,
@@ -502,6 +538,7 @@ impl Service {
                     encoding,
                     stored_bytes: stored as i64,
                     delta: None,
+                    held: None,
                 },
                 now_ms(),
                 self.config.lease_min_ms as i64,

@@ -8,7 +8,6 @@ use cas_format::SpaceId;
 use super::{FsckOptions, FsckReport};
 use crate::Service;
 use crate::blob::pack_key;
-use crate::delta::ContentError;
 use crate::meta::{NodeRow, PackRow, PackState};
 
 /// The pack rows of what is checked, by (Space, pack id).
@@ -69,23 +68,14 @@ impl Service {
             );
             return Ok(());
         }
-        if let Some(d) = row.delta {
-            return self.check_delta(opts, space, row, d, report).await;
-        }
-        if opts.verify_content {
-            match self.rebuild(&opts.app, space, row, false).await {
-                Ok(_) => {}
-                Err(ContentError::Moved) => report.bad(
-                    "missing-pack",
-                    format!("{space}/{}: its pack object is missing", row.hash),
-                ),
-                Err(ContentError::Failed(e)) => report.bad(
-                    "object-hash",
-                    format!("{space}/{}: {}", row.hash, e.message),
-                ),
-            }
-        }
-        Ok(())
+        self.check_rebuilt(
+            opts,
+            space,
+            row,
+            ("missing-pack", "its pack object is missing"),
+            report,
+        )
+        .await
     }
 
     /// Every live pack's object exists with its recorded size, and its counts equal the rows

@@ -49,15 +49,11 @@ impl MetaStore {
             Some((s, h)) => (s.as_str().to_string(), hb(h)),
             None => (String::new(), Vec::new()),
         };
+        // One table: its columns need no qualifier.
         let sql = format!(
-            "SELECT n.space_id, {} FROM nodes n WHERE n.app_id = $1 {filter} \
+            "SELECT n.space_id, {NODE_COLUMNS} FROM nodes n WHERE n.app_id = $1 {filter} \
              AND (n.space_id > $3 OR (n.space_id = $3 AND n.hash > $4)) \
-             ORDER BY n.space_id, n.hash LIMIT $5",
-            NODE_COLUMNS
-                .split(", ")
-                .map(|c| format!("n.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+             ORDER BY n.space_id, n.hash LIMIT $5"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(app.as_str())

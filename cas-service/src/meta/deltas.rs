@@ -60,8 +60,8 @@ impl Partition {
         sqlx::query(
             "UPDATE nodes SET object_gen = $4, encoding = $5, stored_bytes = $6, \
              delta_base = NULL, delta_depth = 0, pack_block_offset = NULL, \
-             pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL \
-             WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+             pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL, \
+             held_bytes = $7 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
         )
         .bind(app.as_str())
         .bind(space.as_str())
@@ -69,6 +69,7 @@ impl Partition {
         .bind(new_gen)
         .bind(stored.encoding.as_str())
         .bind(stored.stored_bytes)
+        .bind(stored.held.as_ref().map(|b| b.to_vec()))
         .execute(&mut **self.tx())
         .await?;
         self.release_object(&row, now).await?;

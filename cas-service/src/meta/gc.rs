@@ -14,8 +14,9 @@ pub struct Marked {
     pub hash: Hash,
     pub object_gen: String,
     pub size: i64,
-    /// Its entry is in a pack (whose object GC leaves to the packer), not an object of its own.
-    pub packed: bool,
+    /// It has an object of its own (to delete), not an entry in a pack (whose object GC leaves
+    /// to the packer) nor bytes held in its row (which go with it).
+    pub own_object: bool,
 }
 
 /// A generation whose objects GC deletes before forgetting it.
@@ -24,6 +25,12 @@ pub struct RetiringGeneration {
     pub generation: Generation,
     /// False for published generations, whose canonical object belongs to a node row.
     pub delete_canonical: bool,
+}
+
+/// Whether a marked row has an object of its own.
+fn own_object(r: &sqlx::any::AnyRow) -> Result<bool, sqlx::Error> {
+    Ok(r.try_get::<Option<i64>, _>("pack_block_offset")?.is_none()
+        && r.try_get::<i64, _>("held")? == 0)
 }
 
 impl Partition {
@@ -38,7 +45,9 @@ impl Partition {
     ) -> Result<(u64, Vec<Marked>), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
         let leftovers = sqlx::query(
-            "SELECT hash, object_gen, size, pack_block_offset FROM nodes WHERE app_id = $1 AND space_id = $2 \
+            "SELECT hash, object_gen, size, pack_block_offset, \
+             CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held \
+             FROM nodes WHERE app_id = $1 AND space_id = $2 \
              AND collecting_since IS NOT NULL AND collecting_since <= $3 LIMIT $4",
         )
         .bind(app.as_str())
@@ -48,7 +57,8 @@ impl Partition {
         .fetch_all(&mut **self.tx())
         .await?;
         let candidates = sqlx::query(
-            "SELECT hash, object_gen, size, stored_bytes, pack_block_offset FROM nodes n \
+            "SELECT hash, object_gen, size, stored_bytes, pack_block_offset, \
+             CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held FROM nodes n \
              WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND root_ref_count = 0 \
              AND collecting_since IS NULL AND lease_expires_at <= $3 \
              AND NOT EXISTS (SELECT 1 FROM upload_generations g WHERE g.app_id = n.app_id \
@@ -68,7 +78,7 @@ impl Partition {
                 hash: hash_col(r, "hash")?,
                 object_gen: r.try_get("object_gen")?,
                 size: r.try_get("size")?,
-                packed: r.try_get::<Option<i64>, _>("pack_block_offset")?.is_some(),
+                own_object: own_object(r)?,
             });
         }
         let mut delta = UsageDelta::default();
@@ -78,7 +88,7 @@ impl Partition {
                 hash: hash_col(r, "hash")?,
                 object_gen: r.try_get("object_gen")?,
                 size: r.try_get("size")?,
-                packed: r.try_get::<Option<i64>, _>("pack_block_offset")?.is_some(),
+                own_object: own_object(r)?,
             };
             let stored: i64 = r.try_get("stored_bytes")?;
             delta.not_ready_node_count += 1;

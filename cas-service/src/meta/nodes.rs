@@ -29,6 +29,8 @@ pub struct NodeRow {
     pub delta: Option<DeltaBase>,
     /// For a packed node: where its entry is in the pack that `object_gen` names.
     pub pack: Option<PackSpan>,
+    /// Its stored bytes are held in the row (a small node not packed yet), not in an object.
+    pub held: bool,
 }
 
 /// Where a packed node's entry is: a block (one zstd frame) of the pack object, and the entry's
@@ -52,7 +54,13 @@ impl NodeRow {
             encoding: self.encoding,
             stored_bytes: self.stored_bytes,
             delta: self.delta,
+            held: None,
         }
+    }
+
+    /// Whether its stored bytes are an object of its own (not a pack entry, not held).
+    pub fn own_object(&self) -> bool {
+        self.pack.is_none() && !self.held
     }
 }
 
@@ -65,15 +73,21 @@ pub struct DeltaBase {
 }
 
 /// How an object holds a node's own content: what the row records about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredObject {
     pub encoding: Encoding,
     pub stored_bytes: i64,
     /// Set exactly when `encoding` is [`Encoding::ZstdDelta`].
     pub delta: Option<DeltaBase>,
+    /// The stored bytes themselves when the row holds them (no object was written).
+    pub held: Option<bytes::Bytes>,
 }
 
 impl StoredObject {
+    fn held_column(&self) -> Option<Vec<u8>> {
+        self.held.as_ref().map(|b| b.to_vec())
+    }
+
     fn base_column(&self) -> Option<Vec<u8>> {
         self.delta.map(|d| hb(&d.hash))
     }
@@ -86,7 +100,7 @@ impl StoredObject {
 pub(crate) const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
      lease_started_at, lease_expires_at, child_ref_count, root_ref_count, collecting_since, \
      delta_base, delta_depth, pack_block_offset, pack_block_bytes, pack_entry_offset, \
-     pack_entry_bytes";
+     pack_entry_bytes, CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held";
 
 pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
     Ok(NodeRow {
@@ -127,6 +141,7 @@ pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
                 }),
             }
         },
+        held: row.try_get::<i64, _>("held")? != 0,
     })
 }
 
@@ -203,6 +218,30 @@ impl MetaStore {
         .as_ref()
         .map(node_from_row)
         .transpose()
+    }
+
+    /// The stored bytes a row holds, if it still names `object_gen` and holds them.
+    pub async fn held_bytes(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        hash: &Hash,
+        object_gen: &str,
+    ) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT held_bytes FROM nodes WHERE app_id = $1 AND space_id = $2 AND hash = $3 \
+             AND object_gen = $4",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(hb(hash))
+        .bind(object_gen)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(r) => r.try_get("held_bytes"),
+            None => Ok(None),
+        }
     }
 
     /// The ordered refs of a node.
@@ -322,8 +361,8 @@ impl Partition {
                     "UPDATE nodes SET collecting_since = NULL, object_gen = $4, encoding = $5, \
                      stored_bytes = $6, lease_started_at = $7, lease_expires_at = $8, \
                      delta_base = $9, delta_depth = $10, pack_block_offset = NULL, \
-                     pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL \
-                     WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+                     pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL, \
+                     held_bytes = $11 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
                 )
                 .bind(app.as_str())
                 .bind(space.as_str())
@@ -335,6 +374,7 @@ impl Partition {
                 .bind(expires)
                 .bind(stored.base_column())
                 .bind(stored.depth())
+                .bind(stored.held_column())
                 .execute(&mut **self.tx())
                 .await?;
                 self.release_object(&row, now).await?;
@@ -349,8 +389,9 @@ impl Partition {
                 sqlx::query(
                     "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
                      object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
-                     child_ref_count, root_ref_count, created_at, delta_base, delta_depth) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, 0, $12, $13, $14)",
+                     child_ref_count, root_ref_count, created_at, delta_base, delta_depth, \
+                     held_bytes) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, 0, $12, $13, $14, $15)",
                 )
                 .bind(app.as_str())
                 .bind(space.as_str())
@@ -366,6 +407,7 @@ impl Partition {
                 .bind(now)
                 .bind(stored.base_column())
                 .bind(stored.depth())
+                .bind(stored.held_column())
                 .execute(&mut **self.tx())
                 .await?;
                 self.insert_edges(&g.hash, &evidence.refs).await?;

@@ -339,8 +339,8 @@ impl Partition {
             sqlx::query(
                 "UPDATE nodes SET object_gen = $4, encoding = $5, stored_bytes = $6, \
                  delta_base = $7, delta_depth = $8, pack_block_offset = $9, \
-                 pack_block_bytes = $10, pack_entry_offset = $11, pack_entry_bytes = $12 \
-                 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+                 pack_block_bytes = $10, pack_entry_offset = $11, pack_entry_bytes = $12, \
+                 held_bytes = NULL WHERE app_id = $1 AND space_id = $2 AND hash = $3",
             )
             .bind(app.as_str())
             .bind(space.as_str())
@@ -379,7 +379,8 @@ impl Partition {
     }
 
     /// Lets go of the object a row pointed at, now that it points elsewhere: a node's own
-    /// object is queued for deletion by the next GC pass, a pack loses the entry.
+    /// object is queued for deletion by the next GC pass, a pack loses the entry (bytes the
+    /// row held went with the update that moved it).
     pub(super) async fn release_object(
         &mut self,
         row: &NodeRow,
@@ -387,6 +388,7 @@ impl Partition {
     ) -> Result<(), sqlx::Error> {
         match row.pack {
             Some(_) => self.leave_pack(row).await,
+            None if row.held => Ok(()),
             None => self.retire_object(&row.hash, &row.object_gen, now).await,
         }
     }

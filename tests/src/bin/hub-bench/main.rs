@@ -21,6 +21,8 @@
 //!                            the hub names, without packs
 //!   --no-pack                skip the replay with the service's defaults (compression,
 //!                            deltas and packs)
+//!   --unheld                 also replay the defaults with small nodes written as objects
+//!                            until they are packed (`hold_max_bytes` 0)
 //!   --pack-level N           zstd level of pack blocks in that replay (the service's default)
 //!   --pack-block-bytes N     content bytes per pack block in that replay (the default)
 //!   --pack-max-node-bytes N  largest node packed in that replay (the default)
@@ -155,53 +157,7 @@ async fn main() -> anyhow::Result<()> {
     // The hub, with the layout before compression, deltas and packs, with compression alone,
     // with compression and deltas, and with the defaults (compression, deltas and packs).
     let mut replays = Vec::new();
-    let zstd = |delta_max_depth, pack| Layout {
-        compress_min_bytes: o.compress_min_bytes,
-        compress_level: o.compress_level,
-        delta_max_depth,
-        pack,
-    };
-    let mut variants: Vec<(String, Layout)> = Vec::new();
-    if o.plain {
-        let off = Layout {
-            compress_min_bytes: 0,
-            compress_level: o.compress_level,
-            delta_max_depth: 0,
-            pack: false,
-        };
-        variants.push(("compression off".to_string(), off));
-    }
-    if o.zstd {
-        let label = format!(
-            "zstd >= {} B, level {}",
-            o.compress_min_bytes, o.compress_level
-        );
-        variants.push((label, zstd(0, false)));
-    }
-    let defaults = o.delta_max_depth == 8 && o.compress_level == 3 && o.compress_min_bytes == 64;
-    if o.delta {
-        let label = format!("zstd + deltas, depth {}, no packs", o.delta_max_depth);
-        variants.push((label, zstd(o.delta_max_depth, false)));
-    }
-    if o.pack {
-        let defaults = defaults
-            && o.pack_level.is_none()
-            && o.pack_block_bytes.is_none()
-            && o.pack_max_node_bytes.is_none();
-        let label = if defaults {
-            "zstd + deltas + packs (defaults)".to_string()
-        } else {
-            let d = cas_service::config::Config::default();
-            format!(
-                "zstd + deltas, depth {}, packs of nodes <= {} B at level {} in blocks of {} B",
-                o.delta_max_depth,
-                o.pack_max_node_bytes.unwrap_or(d.pack_max_node_bytes),
-                o.pack_level.unwrap_or(d.pack_level),
-                o.pack_block_bytes.unwrap_or(d.pack_block_bytes)
-            )
-        };
-        variants.push((label, zstd(o.delta_max_depth, true)));
-    }
+    let variants = layouts(&o);
     for (label, layout) in &variants {
         let t = Instant::now();
         eprintln!(

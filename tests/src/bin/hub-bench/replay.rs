@@ -156,6 +156,14 @@ pub(crate) async fn replay(
         "UNICAS_PACK_LEVEL",
         o.pack_level.unwrap_or(defaults.pack_level),
     )
+    .set(
+        "UNICAS_HOLD_MAX_BYTES",
+        if layout.hold {
+            defaults.hold_max_bytes
+        } else {
+            0
+        },
+    )
     .set("UNICAS_PACK_DELAY_MS", 5_000)
     .set("UNICAS_GC_INTERVAL_MS", 1_000);
     let proxy = if backend.blobs == Blobs::S3 {
