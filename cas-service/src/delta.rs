@@ -385,6 +385,12 @@ impl Service {
                             .map(Bytes::from)
                             .map_err(|e| integrity(format!("{}: {e}", bottom.hash)))?
                     }
+                    Encoding::Base64Runs => {
+                        let size = bottom.size as usize;
+                        crate::base64_runs::expand(&object, size)
+                            .map(Bytes::from)
+                            .map_err(|e| integrity(format!("{}: {e}", bottom.hash)))?
+                    }
                     Encoding::ZstdDelta => {
                         return Err(integrity(format!(
                             "{} is stored as a delta without a base",

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 pub mod admin;
 pub mod api;
 pub mod auth;
+mod base64_runs;
 pub mod blob;
 pub mod cli;
 pub mod config;

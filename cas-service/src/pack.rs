@@ -330,7 +330,10 @@ impl Service {
             // The content is rebuilt and verified either way: a damaged node is not packed.
             let got = match self.stored_content(app, space, &row).await {
                 Ok(content) => match keep {
-                    None => Ok((content, Encoding::Identity)),
+                    None => Ok(match crate::base64_runs::contract(&content) {
+                        Some(contracted) => (Bytes::from(contracted), Encoding::Base64Runs),
+                        None => (content, Encoding::Identity),
+                    }),
                     Some(_) => self
                         .object_bytes(app, space, &row, true)
                         .await

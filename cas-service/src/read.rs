@@ -109,7 +109,7 @@ impl Service {
         // A row whose object GC replaced meanwhile (re-encoding a collected base's dependent)
         // is read again, a few times at most.
         for _ in 0..4 {
-            if !row.own_object() || row.delta.is_some() {
+            if !row.own_object() || !row.encoding.streams() {
                 // Rebuilt through its chain, read from its pack block or its row, and
                 // verified, in memory (deltas, packed and held nodes are small).
                 let (row, content) = self.delta_content(app, space, row).await?;

@@ -461,7 +461,70 @@ async fn a_damaged_pack_is_an_error(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A notebook cell with an image inline (base64 in its JSON) is packed as the image's bytes
+/// and its text (`base64-runs`), costs less than the same cell packed as text would, reads
+/// back whole and by range, before and after the pack is rewritten, and fsck agrees.
+async fn images_in_text_are_packed_as_their_bytes(b: Backend) -> anyhow::Result<()> {
+    use base64::Engine;
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let meta = env.meta().await?;
+    let sp = space("s");
+    // An image's bytes are already compressed: a PNG's look random.
+    let png: Vec<u8> = text(7, 30_000)
+        .iter()
+        .map(|b| b.wrapping_mul(167) ^ 0x5a)
+        .collect();
+    let png = zstd::bulk::compress(&png, 19)?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let cell = format!(
+        "  {{\n   \"cell_type\": \"code\",\n   \"outputs\": [{{\"data\": {{\"image/png\": \"{b64}\\n\"}}}}],\n   \"source\": [\"plt.plot(x)\"]\n  }}\n"
+    )
+    .into_bytes();
+    let nodes = vec![(
+        store(&client, &sp, leaf(&cell).1, None).await?,
+        cell.clone(),
+    )];
+    client
+        .update_root_refs(&sp, &rid("cell"), [(nodes[0].0, 1)].into())
+        .await?;
+    client.gc(&sp, None).await?;
+    let r = row(&meta, &app, &sp, nodes[0].0).await?;
+    assert!(r.pack.is_some(), "packed");
+    assert_eq!(r.encoding, cas_service::blob::Encoding::Base64Runs);
+    read_all(&client, &sp, &nodes).await?;
+    let part = client
+        .read_content(&sp, &nodes[0].0, Some(40..5_000))
+        .await?;
+    assert_eq!(&part[..], &cell[40..5_000]);
+    // What the pack holds is about the image's bytes, not their text (a third more).
+    let stored = client.usage(&sp).await?.ready_stored_bytes as usize;
+    assert!(
+        stored < png.len() + 500,
+        "{stored} bytes stored for an image of {}",
+        png.len()
+    );
+    // Rewritten with a newer node: the entry is made again from its content.
+    let more = vec![(
+        store(&client, &sp, leaf(b"x = 1").1, None).await?,
+        b"x = 1".to_vec(),
+    )];
+    client
+        .update_root_refs(&sp, &rid("more"), [(more[0].0, 1)].into())
+        .await?;
+    client.gc(&sp, None).await?;
+    read_all(&client, &sp, &nodes).await?;
+    env.check_invariants(&meta, &app.app).await?;
+    drop(server);
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(ok, "{report}");
+    Ok(())
+}
+
 e2e!(
+    images_in_text_are_packed_as_their_bytes,
     small_nodes_are_packed_and_read_back,
     repack_during_concurrent_reads,
     a_packed_base_collected_while_its_dependent_lives,

@@ -47,6 +47,9 @@ pub enum Encoding {
     /// One zstd frame compressed with another node's own content (the row's delta base) as
     /// its dictionary; see `crate::delta`.
     ZstdDelta,
+    /// The content with its runs of base64 decoded (`crate::base64_runs`): a pack entry, read
+    /// in memory.
+    Base64Runs,
 }
 
 impl Encoding {
@@ -58,6 +61,7 @@ impl Encoding {
             Encoding::Identity => "identity",
             Encoding::Zstd => "zstd",
             Encoding::ZstdDelta => "zstd-delta",
+            Encoding::Base64Runs => "base64-runs",
         }
     }
 
@@ -66,37 +70,45 @@ impl Encoding {
             "identity" => Some(Encoding::Identity),
             "zstd" => Some(Encoding::Zstd),
             "zstd-delta" => Some(Encoding::ZstdDelta),
+            "base64-runs" => Some(Encoding::Base64Runs),
             _ => None,
         }
     }
 
-    /// The own content, read from an object stored this way. A delta cannot be read without
-    /// its base: its reader fails (read it through `Service::delta_content`).
+    /// Whether an object stored this way can be decoded as a stream.
+    pub fn streams(self) -> bool {
+        Encoding::STANDALONE.contains(&self)
+    }
+
+    /// The own content, read from an object stored this way. Only encodings that
+    /// [stream](Encoding::streams) can: the reader of any other fails (read it through
+    /// `Service::delta_content`).
     pub fn decode(self, object: ObjectReader) -> ObjectReader {
         match self {
             Encoding::Identity => object,
             Encoding::Zstd => Box::pin(async_compression::tokio::bufread::ZstdDecoder::new(
                 tokio::io::BufReader::new(object),
             )),
-            Encoding::ZstdDelta => {
+            Encoding::ZstdDelta | Encoding::Base64Runs => {
                 drop(object);
-                Box::pin(NeedsBase)
+                Box::pin(InMemoryOnly)
             }
         }
     }
 }
 
-/// The reader of a delta object decoded without its base: every read fails.
-struct NeedsBase;
+/// The reader of an object that is only read in memory (a delta needs its base): every read
+/// fails.
+struct InMemoryOnly;
 
-impl AsyncRead for NeedsBase {
+impl AsyncRead for InMemoryOnly {
     fn poll_read(
         self: Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
         _: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Err(std::io::Error::other(
-            "a delta object is read with its base",
+            "this object is read in memory (a delta with its base)",
         )))
     }
 }

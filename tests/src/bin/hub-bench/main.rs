@@ -35,8 +35,10 @@
 //! SQLite metadata. With `UNICAS_S3_ENDPOINT` and `UNICAS_TEST_BUCKET` set (scripts/bench starts
 //! a moto server), the CAS's object store is S3 reached through a counting proxy, so object-store
 //! requests are counted for real (presigned uploads go through the proxy too: their URLs are
-//! signed for its address). Otherwise the store is the filesystem and the count is derived from
-//! the CAS's `/metrics` (see [`derived_store_requests`]).
+//! signed for its address). Otherwise the store is the filesystem and the count is the one the
+//! CAS keeps of its own object-store requests (`unicas_object_store_requests_total`). Either
+//! count covers what the service asked of its store while the push ran, GC passes and packing
+//! included.
 //!
 //! Reported, for the same history:
 //! - storage: the CAS's `readyStoredBytes` (with `readyContentBytes`, `nodeCount`) from
@@ -466,7 +468,7 @@ async fn main() -> anyhow::Result<()> {
             if measured {
                 "object-store requests (S3, counted at a proxy), mean / p50 / p99"
             } else {
-                "object-store requests (DERIVED, filesystem store), mean / p50 / p99"
+                "object-store requests (filesystem store, the CAS's count), mean / p50 / p99"
             },
             &col(&|r| stats_u64(&totals(r))),
         );

@@ -36,11 +36,13 @@ pub(crate) struct Replay {
     pub(crate) measured_store: bool,
 }
 
-/// `unicas_http_requests_total` of the CAS by "METHOD route", without `/metrics` itself.
+/// From the CAS's `/metrics`: `unicas_http_requests_total` by "METHOD route" (without
+/// `/metrics` itself), and `unicas_object_store_requests_total` by operation (`PUT`, `GET`,
+/// ...): the requests the service made of its object store, whatever the store.
 pub(crate) async fn cas_requests(
     http: &reqwest::Client,
     cas_url: &str,
-) -> anyhow::Result<BTreeMap<String, u64>> {
+) -> anyhow::Result<(BTreeMap<String, u64>, BTreeMap<String, u64>)> {
     let text = http
         .get(format!("{cas_url}/metrics"))
         .send()
@@ -53,24 +55,30 @@ pub(crate) async fn cas_requests(
         let end = labels[start..].find('"')? + start;
         Some(labels[start..end].to_string())
     };
-    let mut out = BTreeMap::new();
+    let (mut api, mut store) = (BTreeMap::new(), BTreeMap::new());
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("unicas_http_requests_total{") else {
+        let (family, rest) = if let Some(rest) = line.strip_prefix("unicas_http_requests_total{") {
+            (&mut api, rest)
+        } else if let Some(rest) = line.strip_prefix("unicas_object_store_requests_total{") {
+            (&mut store, rest)
+        } else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let (Some(method), Some(route)) = (label(labels, "method"), label(labels, "route")) else {
-            continue;
+        let key = match (label(labels, "method"), label(labels, "route")) {
+            (_, Some(route)) if route == "/metrics" => continue,
+            (Some(method), Some(route)) => format!("{method} {route}"),
+            _ => match label(labels, "operation") {
+                Some(op) => op.to_uppercase(),
+                None => continue,
+            },
         };
-        if route == "/metrics" {
-            continue;
-        }
         let n = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        *out.entry(format!("{method} {route}")).or_default() += n;
+        *family.entry(key).or_default() += n;
     }
-    Ok(out)
+    Ok((api, store))
 }
 
 pub(crate) fn diff(
@@ -84,34 +92,6 @@ pub(crate) fn diff(
             (d > 0).then(|| (k.clone(), d))
         })
         .collect()
-}
-
-/// Object-store requests of one push on the filesystem store, derived from the CAS's API
-/// requests as an S3 deployment would serve them: a node upload is inline below
-/// `small_upload_bytes` (1 MiB; no object) and the lease that publishes it writes the
-/// canonical object (1 PUT); a larger one is a presigned PUT, read back by the validating lease
-/// (1 GET) before that PUT. Every node read (`GET .../nodes/{hash}`) is one GET. Leases of
-/// ready nodes, root-ref updates and usage touch only the database.
-pub(crate) fn derived_store_requests(
-    cas: &BTreeMap<String, u64>,
-    push: &Push,
-) -> BTreeMap<String, u64> {
-    let uploads: u64 = cas
-        .iter()
-        .filter(|(k, _)| k.starts_with("PUT ") && k.contains("upload"))
-        .map(|(_, v)| v)
-        .sum();
-    let reads: u64 = cas
-        .iter()
-        .filter(|(k, _)| k.starts_with("GET ") && k.contains("nodes") && !k.contains("meta"))
-        .map(|(_, v)| v)
-        .sum();
-    let mut out = BTreeMap::new();
-    out.insert("PUT".to_string(), uploads.max(push.uploaded_nodes));
-    if reads > 0 {
-        out.insert("GET".to_string(), reads);
-    }
-    out
 }
 
 pub(crate) async fn replay(
@@ -210,7 +190,7 @@ pub(crate) async fn replay(
     let started = Instant::now();
     for (i, c) in commits.iter().enumerate() {
         let tar = archive(&o.repo, &c.id)?;
-        let cas_before = cas_requests(&http, &cas_url).await?;
+        let (cas_before, own_before) = cas_requests(&http, &cas_url).await?;
         let store_before = proxy.as_ref().map(|p| p.counts().kinds());
         let t = Instant::now();
         let (status, answer) = sync
@@ -231,7 +211,7 @@ pub(crate) async fn replay(
                 server.log()
             );
         }
-        let cas_after = cas_requests(&http, &cas_url).await?;
+        let (cas_after, own_after) = cas_requests(&http, &cas_url).await?;
         let d = &answer["data"];
         versions.push(d["version_id"].as_str().unwrap_or_default().to_string());
         let n = |k: &str| d[k].as_u64().unwrap_or(0);
@@ -247,7 +227,7 @@ pub(crate) async fn replay(
         };
         p.store = match (&proxy, store_before) {
             (Some(proxy), Some(before)) => diff(&proxy.counts().kinds(), &before),
-            _ => derived_store_requests(&p.cas, &p),
+            _ => diff(&own_after, &own_before),
         };
         pushes.push(p);
         if (i + 1).is_multiple_of(25) {
