@@ -6,10 +6,13 @@
 //! expands it and checks the result against the node hash, as every rebuilt content is.
 //!
 //! The form is a sequence of records `literal length, literal bytes, decoded length, decoded
-//! bytes` (lengths as LEB128), the last record's decoded part possibly empty. A run is a
-//! maximal stretch of the base64 alphabet of at least [`MIN_RUN`] characters, taken in whole
-//! groups of four (with its `=` padding when that makes it canonical base64), so that encoding
-//! the decoded bytes again gives the run back exactly.
+//! bytes, line width` (numbers as LEB128; a line width other than 0 is followed by the index of
+//! its separator in [`SEPARATORS`]), the last record's decoded part possibly empty. A run is
+//! base64 of at least [`MIN_RUN`] characters: a maximal stretch of the alphabet taken in whole
+//! groups of four (with its `=` padding when that makes it canonical), or lines of one width
+//! (a multiple of four) broken by one separator, as MIME and older notebooks write images,
+//! the last line possibly shorter. A run is taken only when encoding its decoded bytes again
+//! (and breaking them the same way) gives it back exactly.
 //!
 //! [`Encoding::Base64Runs`]: crate::blob::Encoding::Base64Runs
 
@@ -18,6 +21,101 @@ use base64::engine::general_purpose::STANDARD;
 
 /// Shorter runs stay text: a record costs a few bytes, and short runs are mostly words.
 pub const MIN_RUN: usize = 256;
+
+/// Line separators inside a run: the JSON escape `\n` (notebooks) and a newline (MIME).
+pub const SEPARATORS: [&[u8]; 2] = [b"\\n", b"\n"];
+
+/// How a run's lines are broken: every `width` characters (0: not at all) by a separator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wrap {
+    width: usize,
+    sep: usize,
+}
+
+const UNWRAPPED: Wrap = Wrap { width: 0, sep: 0 };
+
+/// The base64 text of `decoded`, broken as `wrap` says.
+fn encode_wrapped(decoded: &[u8], wrap: Wrap) -> Vec<u8> {
+    let b64 = STANDARD.encode(decoded).into_bytes();
+    if wrap.width == 0 {
+        return b64;
+    }
+    let mut out = Vec::with_capacity(b64.len() + b64.len() / wrap.width * 2);
+    for (i, line) in b64.chunks(wrap.width).enumerate() {
+        if i > 0 {
+            out.extend_from_slice(SEPARATORS[wrap.sep]);
+        }
+        out.extend_from_slice(line);
+    }
+    out
+}
+
+/// How many characters of the base64 alphabet start at `at`.
+fn stretch(text: &[u8], at: usize) -> usize {
+    text[at..].iter().take_while(|b| is_alphabet(**b)).count()
+}
+
+/// Lines of one width broken by one separator, starting at `start`: the run's length in
+/// `text`, its bytes and how it is broken; `None` when there are no such lines.
+fn wrapped_run(text: &[u8], start: usize) -> Option<(usize, Vec<u8>, Wrap)> {
+    let width = stretch(text, start);
+    if width < 16 || !width.is_multiple_of(4) {
+        return None;
+    }
+    let sep = SEPARATORS
+        .iter()
+        .position(|s| text[start + width..].starts_with(s))?;
+    let sep_bytes = SEPARATORS[sep];
+    let wrap = Wrap { width, sep };
+    // Full lines first; then possibly one shorter (or padded) last line.
+    let mut full_end = start + width;
+    let mut end = full_end;
+    while text[full_end..].starts_with(sep_bytes) {
+        let line = full_end + sep_bytes.len();
+        let n = stretch(text, line);
+        if n == width && !text[line + n..].starts_with(b"=") {
+            full_end = line + n;
+            end = full_end;
+            continue;
+        }
+        if (1..=width).contains(&n) {
+            let pad = text[line + n..]
+                .iter()
+                .take(2)
+                .take_while(|b| **b == b'=')
+                .count();
+            end = line + n + pad;
+        }
+        break;
+    }
+    for end in [end, full_end] {
+        let span = &text[start..end];
+        if span.len() < MIN_RUN {
+            return None;
+        }
+        if let Ok(decoded) = STANDARD.decode(strip_separators(span, sep_bytes))
+            && encode_wrapped(&decoded, wrap) == span
+        {
+            return Some((span.len(), decoded, wrap));
+        }
+    }
+    None
+}
+
+/// `span` without its separators.
+fn strip_separators(span: &[u8], sep: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(span.len());
+    let mut at = 0;
+    while at < span.len() {
+        if span[at..].starts_with(sep) {
+            at += sep.len();
+        } else {
+            out.push(span[at]);
+            at += 1;
+        }
+    }
+    out
+}
 
 fn is_alphabet(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'+' || b == b'/'
@@ -51,13 +149,13 @@ fn take_len(input: &[u8], at: &mut usize) -> Result<usize, String> {
     Err("a length is too long".into())
 }
 
-/// The run of base64 starting at `start` (a maximal stretch of the alphabet), as the bytes it
-/// encodes and its length in `text`; `None` when it is shorter than [`MIN_RUN`].
-fn run_at(text: &[u8], start: usize) -> (usize, Option<Vec<u8>>) {
-    let stretch = text[start..]
-        .iter()
-        .take_while(|b| is_alphabet(**b))
-        .count();
+/// The run of base64 starting at `start`, as the bytes it encodes with how its lines are
+/// broken, and its length in `text`; `None` when there is none that long.
+fn run_at(text: &[u8], start: usize) -> (usize, Option<(Vec<u8>, Wrap)>) {
+    if let Some((len, decoded, wrap)) = wrapped_run(text, start) {
+        return (len, Some((decoded, wrap)));
+    }
+    let stretch = stretch(text, start);
     if stretch < MIN_RUN {
         return (stretch.max(1), None);
     }
@@ -72,12 +170,12 @@ fn run_at(text: &[u8], start: usize) -> (usize, Option<Vec<u8>>) {
         if let Ok(decoded) = STANDARD.decode(run)
             && STANDARD.encode(&decoded).as_bytes() == run
         {
-            return (run.len(), Some(decoded));
+            return (run.len(), Some((decoded, UNWRAPPED)));
         }
     }
     let whole = stretch - stretch % 4;
     let decoded = STANDARD.decode(&text[start..start + whole]).ok();
-    (whole, decoded)
+    (whole, decoded.map(|d| (d, UNWRAPPED)))
 }
 
 /// `text` with its runs of base64 decoded, or `None` when it has none.
@@ -85,16 +183,21 @@ pub fn contract(text: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len());
     let (mut literal_from, mut at, mut runs) = (0usize, 0usize, 0usize);
     while at < text.len() {
-        if !is_alphabet(text[at]) {
+        // Not base64: other bytes, and the letter of an escape (`\n` ends a line of a run).
+        if !is_alphabet(text[at]) || (at > 0 && text[at - 1] == b'\\') {
             at += 1;
             continue;
         }
         let (len, decoded) = run_at(text, at);
-        if let Some(decoded) = decoded {
+        if let Some((decoded, wrap)) = decoded {
             put_len(&mut out, at - literal_from);
             out.extend_from_slice(&text[literal_from..at]);
             put_len(&mut out, decoded.len());
             out.extend_from_slice(&decoded);
+            put_len(&mut out, wrap.width);
+            if wrap.width > 0 {
+                out.push(wrap.sep as u8);
+            }
             runs += 1;
             literal_from = at + len;
         }
@@ -105,6 +208,7 @@ pub fn contract(text: &[u8]) -> Option<Vec<u8>> {
     }
     put_len(&mut out, text.len() - literal_from);
     out.extend_from_slice(&text[literal_from..]);
+    put_len(&mut out, 0);
     put_len(&mut out, 0);
     Some(out)
 }
@@ -127,25 +231,28 @@ pub fn expand(contracted: &[u8], max: usize) -> Result<Vec<u8>, String> {
         let decoded = take_len(contracted, &mut at)?;
         let end = at.checked_add(decoded).filter(|e| *e <= contracted.len());
         let end = end.ok_or("a decoded run runs past the end")?;
-        if out.len() + decoded.div_ceil(3) * 4 > max {
+        let bytes = &contracted[at..end];
+        at = end;
+        let width = take_len(contracted, &mut at)?;
+        let sep = match width {
+            0 => 0,
+            _ => {
+                let sep = usize::from(*contracted.get(at).ok_or("a separator is missing")?);
+                at += 1;
+                if sep >= SEPARATORS.len() || width % 4 != 0 {
+                    return Err("an unknown line layout".into());
+                }
+                sep
+            }
+        };
+        let text_len = decoded.div_ceil(3) * 4;
+        let breaks = text_len.saturating_sub(1).checked_div(width).unwrap_or(0);
+        if out.len() + text_len + breaks * SEPARATORS[sep].len() > max {
             return Err(too_long());
         }
-        STANDARD
-            .encode_slice(
-                &contracted[at..end],
-                grow(&mut out, decoded.div_ceil(3) * 4),
-            )
-            .map_err(|e| e.to_string())?;
-        at = end;
+        out.extend_from_slice(&encode_wrapped(bytes, Wrap { width, sep }));
     }
     Ok(out)
-}
-
-/// `out` grown by `n` zero bytes; answers the new tail.
-fn grow(out: &mut Vec<u8>, n: usize) -> &mut [u8] {
-    let from = out.len();
-    out.resize(from + n, 0);
-    &mut out[from..]
 }
 
 #[cfg(test)]
@@ -172,6 +279,21 @@ mod tests {
             assert_eq!(expand(&c, text.len()).unwrap(), text.as_bytes());
             assert!(expand(&c, text.len() - 1).is_err(), "bounded by the size");
         }
+        // Broken into lines, as older notebooks (the JSON escape) and MIME (newlines) do.
+        for sep in SEPARATORS {
+            let b64 = STANDARD.encode(image(1_000));
+            let lines: Vec<&[u8]> = b64.as_bytes().chunks(76).collect();
+            let body = lines.join(sep);
+            let text = [&b"\"image/png\": \""[..], &body, sep, b"\""].concat();
+            let c = contract(&text).expect("one wrapped run");
+            assert!(c.len() < 1_000 + 60, "{} bytes", c.len());
+            assert_eq!(expand(&c, text.len()).unwrap(), text);
+            // Cut in the middle of a line (a chunk of a large cell): the lines after it.
+            let cut = &text[100..];
+            let c = contract(cut).expect("the whole lines");
+            assert!(c.len() < 1_000, "{} bytes", c.len());
+            assert_eq!(expand(&c, cut.len()).unwrap(), cut);
+        }
         // Short runs and other text stay as they are.
         assert_eq!(contract(b"import marimo as mo\nx = 1\n"), None);
         assert_eq!(contract(&[b'a'; MIN_RUN - 1]), None);
@@ -196,6 +318,12 @@ mod tests {
                     proptest::collection::vec(any::<u8>(), 150..400)
                         .prop_map(|b| STANDARD.encode(b).into_bytes()),
                     "[A-Za-z0-9+/=]{250,300}".prop_map(String::into_bytes),
+                    (proptest::collection::vec(any::<u8>(), 150..400), 1usize..30, 0usize..2)
+                        .prop_map(|(b, quads, sep)| {
+                            let b64 = STANDARD.encode(b);
+                            let lines: Vec<&[u8]> = b64.as_bytes().chunks(quads * 4).collect();
+                            lines.join(SEPARATORS[sep])
+                        }),
                 ],
                 0..6,
             )

@@ -507,12 +507,9 @@ async fn images_in_text_are_packed_as_their_bytes(b: Backend) -> anyhow::Result<
         png.len()
     );
     // Rewritten with a newer node: the entry is made again from its content.
-    let more = vec![(
-        store(&client, &sp, leaf(b"x = 1").1, None).await?,
-        b"x = 1".to_vec(),
-    )];
+    let more = store(&client, &sp, leaf(b"x = 1").1, None).await?;
     client
-        .update_root_refs(&sp, &rid("more"), [(more[0].0, 1)].into())
+        .update_root_refs(&sp, &rid("more"), [(more, 1)].into())
         .await?;
     client.gc(&sp, None).await?;
     read_all(&client, &sp, &nodes).await?;
