@@ -571,3 +571,21 @@ pub fn metric(scrape: &str, series: &str) -> f64 {
         })
         .unwrap_or(f64::NAN)
 }
+
+/// An environment with the App `hub`, a server, its client and the metadata store.
+pub async fn hub_app(
+    b: Backend,
+) -> anyhow::Result<(
+    TestEnv,
+    TestApp,
+    Server,
+    cas_client::AppCasClient,
+    cas_service::meta::MetaStore,
+)> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let meta = env.meta().await?;
+    Ok((env, app, server, client, meta))
+}

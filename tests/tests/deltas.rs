@@ -6,32 +6,14 @@ use cas_format::Hash;
 use cas_service::blob::{Encoding, node_key};
 use serde_json::Value;
 use tests::content::*;
-use tests::hub::{HubEnv, data};
+use tests::hub::{HubClient, HubEnv, HubServer, data};
 use tests::*;
-
-/// An environment with the App `hub`, a server, its client and the metadata store.
-async fn start(
-    b: Backend,
-) -> anyhow::Result<(
-    TestEnv,
-    TestApp,
-    Server,
-    cas_client::AppCasClient,
-    cas_service::meta::MetaStore,
-)> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let meta = env.meta().await?;
-    Ok((env, app, server, client, meta))
-}
 
 /// A chain of versions stored as deltas (inline and uploaded), read whole and by range; GC
 /// takes the bases while the newest is held and stores it alone first; a base that is gone is
 /// not used; fsck (which rebuilds every delta) finds it all consistent.
 async fn deltas_are_read_back_and_outlive_their_bases(b: Backend) -> anyhow::Result<()> {
-    let (env, app, server, client, meta) = start(b).await?;
+    let (env, app, server, client, meta) = hub_app(b).await?;
     let sp = space("s");
     let row = |h: Hash| {
         let (meta, app, sp) = (meta.clone(), app.app.clone(), sp.clone());
@@ -133,7 +115,7 @@ async fn deltas_are_read_back_and_outlive_their_bases(b: Backend) -> anyhow::Res
 /// A delta whose base object is damaged is an error on read and in fsck, never other bytes,
 /// also after a restart (nothing cached).
 async fn a_damaged_base_is_an_error(b: Backend) -> anyhow::Result<()> {
-    let (env, app, server, client, meta) = start(b).await?;
+    let (env, app, server, client, meta) = hub_app(b).await?;
     let sp = space("s");
     // Larger than what is held in the database until packed: the base is an object.
     let v1 = text(1, 100_000);
@@ -237,12 +219,7 @@ async fn killed_while_gc_stores_a_dependent_alone(b: Backend) -> anyhow::Result<
 async fn hub_saves_are_stored_as_deltas(b: Backend) -> anyhow::Result<()> {
     let mut grown = Vec::new();
     for depth in [0u32, 8] {
-        let mut env = HubEnv::new(b).await?;
-        env.set("UNICAS_DELTA_MAX_DEPTH", depth);
-        let token = env.user("alice")?;
-        let server = env.start()?;
-        let a = server.client(Some(&token));
-        let pid = a.project("P").await?;
+        let (_env, _server, a, pid) = hub_with_depth(b, depth).await?;
         let mut nb = String::from_utf8(text(3, 60_000))?;
         let nid = a.notebook(&pid, "n", &[("nb.py", &nb)]).await?;
         let stored = |v: Value| v["readyStoredBytes"].as_i64().unwrap_or(-1);
@@ -282,6 +259,20 @@ async fn hub_saves_are_stored_as_deltas(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A hub whose CAS keeps delta chains up to `depth` (0: none), a user's client and a project.
+async fn hub_with_depth(
+    b: Backend,
+    depth: u32,
+) -> anyhow::Result<(HubEnv, HubServer, HubClient, String)> {
+    let mut env = HubEnv::new(b).await?;
+    env.set("UNICAS_DELTA_MAX_DEPTH", depth);
+    let token = env.user("alice")?;
+    let server = env.start()?;
+    let a = server.client(Some(&token));
+    let pid = a.project("P").await?;
+    Ok((env, server, a, pid))
+}
+
 /// Reports what `what` grew the store by without deltas (`grown[0]`) and with them
 /// (`grown[1]`), and checks that deltas cut it by more than `factor` times.
 fn deltas_cut(what: &str, grown: &[i64], factor: i64) {
@@ -303,12 +294,7 @@ fn deltas_cut(what: &str, grown: &[i64], factor: i64) {
 async fn a_copy_at_a_new_path_is_stored_as_a_delta(b: Backend) -> anyhow::Result<()> {
     let mut grown = Vec::new();
     for depth in [0u32, 8] {
-        let mut env = HubEnv::new(b).await?;
-        env.set("UNICAS_DELTA_MAX_DEPTH", depth);
-        let token = env.user("alice")?;
-        let server = env.start()?;
-        let a = server.client(Some(&token));
-        let pid = a.project("P").await?;
+        let (_env, _server, a, pid) = hub_with_depth(b, depth).await?;
         let first = String::from_utf8(text(5, 60_000))?;
         // Every chunk differs (as when a notebook is run again), so nothing dedups.
         let copy = first.replace("data", "Data");

@@ -80,11 +80,7 @@ async fn read_all(
 /// packs' and the large object's, and collected entries are rewritten away once they are half
 /// of their pack.
 async fn small_nodes_are_packed_and_read_back(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let meta = env.meta().await?;
+    let (env, app, _server, client, meta) = hub_app(b).await?;
     let sp = space("s");
     let nodes = versions_and_others(&client, &sp, 1, 12, 30).await?;
     let large = text(99, 200_000);
@@ -466,11 +462,7 @@ async fn a_damaged_pack_is_an_error(b: Backend) -> anyhow::Result<()> {
 /// back whole and by range, before and after the pack is rewritten, and fsck agrees.
 async fn images_in_text_are_packed_as_their_bytes(b: Backend) -> anyhow::Result<()> {
     use base64::Engine;
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let meta = env.meta().await?;
+    let (env, app, server, client, meta) = hub_app(b).await?;
     let sp = space("s");
     // An image's bytes are already compressed: a PNG's look random.
     let png: Vec<u8> = text(7, 30_000)
