@@ -111,6 +111,9 @@ async fn the_store_never_writes_through_a_planted_link(b: Backend) -> anyhow::Re
     let mut env = HubEnv::new(b).await?;
     // Fail fast instead of retrying a store that keeps refusing.
     env.set("UNICAS_HUB_WORKSPACE_WAIT_MS", 2000);
+    // Every node an object: small ones would be held in the database and never come near the
+    // links.
+    env.set("UNICAS_HOLD_MAX_BYTES", 0);
     let token = env.user("alice")?;
     let server = env.start()?;
     let a = server.client(Some(&token));
