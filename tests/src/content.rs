@@ -68,3 +68,18 @@ pub async fn store(
         .await?;
     Ok(hash)
 }
+
+/// Reads every node back whole and checks its content.
+pub async fn read_all(
+    client: &cas_client::AppCasClient,
+    sp: &SpaceId,
+    nodes: &[(Hash, Vec<u8>)],
+) -> anyhow::Result<()> {
+    for (h, c) in nodes {
+        anyhow::ensure!(
+            client.read_node(sp, h).await?[..] == c[..],
+            "{h} read back other bytes"
+        );
+    }
+    Ok(())
+}

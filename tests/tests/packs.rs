@@ -61,20 +61,6 @@ async fn versions_and_others(
     Ok(nodes)
 }
 
-async fn read_all(
-    client: &cas_client::AppCasClient,
-    sp: &SpaceId,
-    nodes: &[(Hash, Vec<u8>)],
-) -> anyhow::Result<()> {
-    for (h, c) in nodes {
-        anyhow::ensure!(
-            client.read_node(sp, h).await?[..] == c[..],
-            "{h} read back other bytes"
-        );
-    }
-    Ok(())
-}
-
 /// Small nodes are packed by a GC pass (a large one stays an object of its own), read back
 /// whole and by range, the objects they leave are deleted, the store's stored bytes are the
 /// packs' and the large object's, and collected entries are rewritten away once they are half
