@@ -4,12 +4,10 @@
 //!
 //! Inline nodes are published together: their bytes are validated in memory first, then one
 //! partition operation extends the leases of those already stored and records a validated
-//! upload generation for each new one (or takes over the one a lease without bytes opened,
-//! when the node's bytes are held in its row), their objects are written, and a second
-//! operation publishes them all (children before parents). Whatever does not fit that path
-//! (an upload already under way for the hash, bytes that are not a valid node, a generation
-//! retired meanwhile) and every element without inline bytes is leased one by one,
-//! concurrently; those
+//! upload generation for each new one, their objects are written, and a second operation
+//! publishes them all (children before parents). Whatever does not fit that path (an upload
+//! already under way for the hash, bytes that are not a valid node, a generation retired
+//! meanwhile) and every element without inline bytes is leased one by one, concurrently; those
 //! partition operations meet in the metadata store's batch commits
 //! ([`server_kit::group_commit`]).
 
@@ -364,23 +362,8 @@ impl Service {
                 ));
                 continue;
             }
-            if let Some(g) = p.active_generation(&hash).await? {
-                // Opened by a lease without bytes (a client's first batch phase). A node whose
-                // bytes its row will hold takes it over: publishing it writes no object that
-                // another publisher of the generation could write too.
-                if g.state == GenState::AwaitingUpload
-                    && self.holds(node.evidence.content_size as u64)
-                {
-                    self.record_validated(&mut p, &g, &node.evidence, node.canonical_len)
-                        .await?;
-                    staged.push(Staged {
-                        node,
-                        generation: g,
-                        object: None,
-                    });
-                } else {
-                    one_by_one.push(node.back_to_single());
-                }
+            if p.active_generation(&hash).await?.is_some() {
+                one_by_one.push(node.back_to_single());
                 continue;
             }
             let generation = match self

@@ -229,60 +229,7 @@ async fn killed_before_a_held_row_leaves_nothing(b: Backend) -> anyhow::Result<(
     stop_and_check(&env, &meta, &app, server).await
 }
 
-/// A node first leased without its bytes (a client's first batch phase opens its upload
-/// generation) and then sent inline is published by the batch itself: held in its row, with
-/// no upload staged in the object store, and readable.
-async fn an_inline_node_takes_over_its_awaiting_generation(b: Backend) -> anyhow::Result<()> {
-    use cas_format::wire::{BatchLeaseElement, BatchLeaseResult};
-    let (env, app, server, client, meta) = hub_app(b).await?;
-    let sp = space("s");
-    let content = text(3, 2_000);
-    let (h, portable) = leaf(&content);
-    let element = |content: Option<String>| BatchLeaseElement {
-        hash: h,
-        lease_duration_ms: LEASE,
-        upload_bytes: Some(portable.len() as u64),
-        content,
-        delta_base: None,
-    };
-    let first = client.lease_batch(&sp, vec![element(None)]).await?;
-    assert!(
-        matches!(
-            first[..],
-            [BatchLeaseResult::Lease(
-                LeaseResponse::AwaitingUpload { .. }
-            )]
-        ),
-        "{first:?}"
-    );
-    let inline = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &portable);
-    let second = client.lease_batch(&sp, vec![element(Some(inline))]).await?;
-    assert!(
-        matches!(
-            second[..],
-            [BatchLeaseResult::Lease(LeaseResponse::Ready { .. })]
-        ),
-        "{second:?}"
-    );
-    assert!(held(&meta, &app, &sp, &h).await?);
-    assert_eq!(client.read_node(&sp, &h).await?[..], content[..]);
-    let scrape = reqwest::get(format!("{}/metrics", server.url))
-        .await?
-        .text()
-        .await?;
-    let staged = metric(
-        &scrape,
-        r#"unicas_object_store_requests_total{operation="put_once",outcome="ok"}"#,
-    );
-    assert!(
-        staged.is_nan() || staged == 0.0,
-        "an upload was staged: {scrape}"
-    );
-    stop_and_check(&env, &meta, &app, server).await
-}
-
 e2e!(
     small_nodes_are_held_until_packed,
-    killed_before_a_held_row_leaves_nothing,
-    an_inline_node_takes_over_its_awaiting_generation
+    killed_before_a_held_row_leaves_nothing
 );
