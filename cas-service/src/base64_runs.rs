@@ -178,6 +178,14 @@ fn run_at(text: &[u8], start: usize) -> (usize, Option<(Vec<u8>, Wrap)>) {
     (whole, decoded.map(|d| (d, UNWRAPPED)))
 }
 
+/// A pack entry's content as it is stored: with its runs of base64 decoded when it has any.
+pub fn contract_entry(content: bytes::Bytes) -> (bytes::Bytes, crate::blob::Encoding) {
+    match contract(&content) {
+        Some(contracted) => (contracted.into(), crate::blob::Encoding::Base64Runs),
+        None => (content, crate::blob::Encoding::Identity),
+    }
+}
+
 /// `text` with its runs of base64 decoded, or `None` when it has none.
 pub fn contract(text: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len());

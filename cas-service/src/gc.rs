@@ -202,9 +202,9 @@ impl Service {
         for r in retiring {
             let g = &r.generation;
             let mut ok = self.staging().delete(app, space, g).await;
-            if r.delete_canonical {
+            for object in &r.objects {
                 ok &= self
-                    .delete_logged(&node_key(app, space, &g.hash, &g.gen_id))
+                    .delete_logged(&node_key(app, space, &g.hash, object))
                     .await;
             }
             if ok {

@@ -221,7 +221,9 @@ impl Service {
         }
         match active {
             None => {
-                let g = self.new_generation(&mut p, hash, now, upload_bytes).await?;
+                let g = self
+                    .new_generation(&mut p, hash, now, upload_bytes, 0)
+                    .await?;
                 p.commit().await?;
                 let upload = self.presigned_target(app, space, &g).await?;
                 Ok(Begin::Done(LeaseResponse::AwaitingUpload {
@@ -268,13 +270,15 @@ impl Service {
             .await
     }
 
-    /// Creates an upload generation (refusing beyond the Space's limit).
+    /// Creates an upload generation (refusing beyond the Space's limit), with `attempt`
+    /// publication attempts taken (1 when its creator writes the object right away).
     pub(crate) async fn new_generation(
         &self,
         p: &mut Partition,
         hash: &Hash,
         now: i64,
         upload_bytes: Option<u64>,
+        attempt: i64,
     ) -> ApiResult<Generation> {
         let limit = self.config.max_active_uploads;
         if limit > 0 && p.count_active_generations(now).await? >= limit as i64 {
@@ -301,6 +305,7 @@ impl Service {
             expires_at: now + self.config.upload_ttl_ms as i64,
             reserved_bytes: upload_bytes.unwrap_or(max).min(max) as i64,
             evidence: None,
+            attempt,
         };
         p.create_generation(&g).await?;
         Ok(g)
@@ -348,7 +353,7 @@ impl Service {
                 }
                 let fresh = match p.active_generation(&hash).await? {
                     Some(other) => other,
-                    None => self.new_generation(&mut p, &hash, now, None).await?,
+                    None => self.new_generation(&mut p, &hash, now, None, 0).await?,
                 };
                 p.commit().await?;
                 let fresh = self.fresh_url(app, space, &fresh).await?;
@@ -364,8 +369,9 @@ impl Service {
             Err(MaterializeError::Failed(e)) => return Err(e),
         };
 
-        // Record the evidence and check the children under the gate.
-        {
+        // Record the evidence, check the children and take a publication attempt under the
+        // gate: the attempt's object is this request's alone.
+        let attempt = {
             let mut p = self.meta.gate(app, space).await?;
             let Some(current) = p.generation(&g.gen_id).await? else {
                 return Ok(Published::Retry);
@@ -384,8 +390,8 @@ impl Service {
                     .await?;
             }
             let missing = p.missing_children(&spooled.evidence.refs).await?;
-            p.commit().await?;
             if !missing.is_empty() {
+                p.commit().await?;
                 return Ok(Published::Answer(
                     LeaseResponse::ValidatedAwaitingChildren {
                         hash,
@@ -393,14 +399,18 @@ impl Service {
                     },
                 ));
             }
-        }
+            let attempt = p.next_attempt(&current).await?;
+            p.commit().await?;
+            attempt
+        };
+        let g = &attempt;
 
         // Object first.
-        let key = node_key(app, space, &hash, &g.gen_id);
         let size = spooled.evidence.content_size as u64;
         let stored = self
             .write_object(app, space, g, spooled.spool, size, delta_base)
             .await?;
+        let wrote_object = stored.held.is_none();
         if failpoint::hit("publish.after_object").await {
             return Err(ApiError::storage_unavailable(
                 "publishing",
@@ -426,30 +436,55 @@ impl Service {
                 }))
             }
             FinalizeOutcome::AlreadyReady { started, expires } => {
+                // Another attempt published the node first: this attempt's object is unused.
+                self.discard_attempt(app, space, g, wrote_object).await;
                 Ok(Published::Answer(LeaseResponse::Ready {
                     hash,
                     lease_started_at: started,
                     lease_expires_at: expires,
                 }))
             }
-            FinalizeOutcome::MissingChildren(missing) => Ok(Published::Answer(
-                LeaseResponse::ValidatedAwaitingChildren {
-                    hash,
-                    child_hashes: missing,
-                },
-            )),
+            FinalizeOutcome::MissingChildren(missing) => {
+                self.discard_attempt(app, space, g, wrote_object).await;
+                Ok(Published::Answer(
+                    LeaseResponse::ValidatedAwaitingChildren {
+                        hash,
+                        child_hashes: missing,
+                    },
+                ))
+            }
             FinalizeOutcome::DeltaBaseGone => {
-                // The object at `key` is rewritten by the next round, which stores it alone.
+                // The next round takes another attempt and stores the node alone.
+                self.discard_attempt(app, space, g, wrote_object).await;
                 Ok(Published::BaseGone)
             }
             FinalizeOutcome::GenerationGone => {
-                // GC retired the generation while we wrote its object: that object is ours to
-                // remove, and the lease starts over with a fresh generation.
-                if let Err(e) = self.blobs.delete(&key).await {
-                    tracing::warn!(error = %e, "could not delete the object of a retired upload");
-                }
+                // GC retired the generation while we wrote its object: the lease starts over
+                // with a fresh generation.
+                self.discard_attempt(app, space, g, wrote_object).await;
                 Ok(Published::Retry)
             }
+        }
+    }
+
+    /// Deletes the object a publication attempt wrote and no row points at (if it wrote one;
+    /// a failure leaves it to the generation's retirement, which knows every attempt).
+    pub(crate) async fn discard_attempt(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+        wrote_object: bool,
+    ) {
+        if !wrote_object {
+            return;
+        }
+        if let Err(e) = self
+            .blobs
+            .delete(&node_key(app, space, &g.hash, &g.object_name()))
+            .await
+        {
+            tracing::warn!(error = %e, "could not delete the object of an unpublished attempt");
         }
     }
 

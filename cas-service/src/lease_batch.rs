@@ -21,12 +21,11 @@ use cas_format::wire::{
 use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
-use crate::blob::node_key;
 use crate::error::{ApiError, ApiResult};
 use crate::lease::lease_window;
 use crate::materialize::MaterializeError;
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, StoredObject};
-use crate::{Service, now_ms};
+use crate::{Service, failpoint, now_ms};
 
 /// Elements of one batch in flight at once.
 const ELEMENT_CONCURRENCY: usize = 32;
@@ -273,6 +272,12 @@ impl Service {
             let written = self
                 .write_inline_all(app, space, pending, &mut answers)
                 .await;
+            if failpoint::hit("publish.after_object").await {
+                let e =
+                    ApiError::storage_unavailable("publishing", "failpoint publish.after_object");
+                answers.extend(written.iter().map(|s| (s.node.index, Err(e.clone()))));
+                break;
+            }
             match self.finish_inline(app, space, written, one_by_one).await {
                 Ok((done, based_on_gone)) => {
                     answers.extend(done);
@@ -367,7 +372,7 @@ impl Service {
                 continue;
             }
             let generation = match self
-                .new_generation(&mut p, &hash, now, Some(node.canonical_len))
+                .new_generation(&mut p, &hash, now, Some(node.canonical_len), 1)
                 .await
             {
                 Ok(g) => g,
@@ -426,6 +431,7 @@ impl Service {
             .map_err(|e| failed(e.into()))?;
         let mut answers = Vec::new();
         let mut retired = Vec::new();
+        let mut unused = Vec::new();
         let mut based_on_gone = Vec::new();
         let mut remaining = written;
         loop {
@@ -436,6 +442,7 @@ impl Service {
                     continue;
                 };
                 let duration = self.config.clamp_lease(s.node.element.lease_duration_ms) as i64;
+                let wrote_object = stored.held.is_none();
                 let outcome = p
                     .finalize(&s.generation, &s.node.evidence, stored, now, duration)
                     .await
@@ -443,14 +450,19 @@ impl Service {
                 let hash = s.generation.hash;
                 match outcome {
                     FinalizeOutcome::Published { started, expires }
-                    | FinalizeOutcome::AlreadyReady { started, expires } => answers.push((
-                        s.node.index,
-                        Ok(LeaseResponse::Ready {
-                            hash,
-                            lease_started_at: started,
-                            lease_expires_at: expires,
-                        }),
-                    )),
+                    | FinalizeOutcome::AlreadyReady { started, expires } => {
+                        if matches!(outcome, FinalizeOutcome::AlreadyReady { .. }) && wrote_object {
+                            unused.push(s.generation.clone());
+                        }
+                        answers.push((
+                            s.node.index,
+                            Ok(LeaseResponse::Ready {
+                                hash,
+                                lease_started_at: started,
+                                lease_expires_at: expires,
+                            }),
+                        ))
+                    }
                     FinalizeOutcome::MissingChildren(missing) => waiting.push((s, missing)),
                     FinalizeOutcome::GenerationGone => retired.push(s),
                     FinalizeOutcome::DeltaBaseGone => based_on_gone.push(s),
@@ -470,13 +482,16 @@ impl Service {
             }
             remaining = waiting.into_iter().map(|(s, _)| s).collect();
         }
+        // Published by another request first: these objects are unused.
+        for g in unused {
+            self.discard_attempt(app, space, &g, true).await;
+        }
         // GC retired these generations while their objects were written: the objects are ours
         // to remove, and the elements start over one by one.
         for s in retired {
-            let key = node_key(app, space, &s.generation.hash, &s.generation.gen_id);
-            if let Err(e) = self.blobs.delete(&key).await {
-                tracing::warn!(error = %e, "could not delete the object of a retired upload");
-            }
+            let wrote_object = s.object.as_ref().is_some_and(|o| o.held.is_none());
+            self.discard_attempt(app, space, &s.generation, wrote_object)
+                .await;
             one_by_one.push(s.node.back_to_single());
         }
         Ok((answers, based_on_gone))

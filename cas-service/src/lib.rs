@@ -33,6 +33,7 @@ mod materialize;
 pub mod meta;
 pub mod metrics;
 pub mod pack;
+mod pack_object;
 pub mod read;
 pub mod root_refs;
 pub mod staging;

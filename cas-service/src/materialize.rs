@@ -219,7 +219,7 @@ impl Service {
         size: u64,
         hint: Option<Hash>,
     ) -> ApiResult<StoredObject> {
-        let key = node_key(app, space, &g.hash, &g.gen_id);
+        let key = node_key(app, space, &g.hash, &g.object_name());
         let min = self.config.compress_min_bytes;
         let compress = min > 0 && size >= min;
         let hold = self.holds(size);
@@ -286,7 +286,7 @@ impl Service {
         own: Bytes,
         hint: Option<Hash>,
     ) -> ApiResult<StoredObject> {
-        let key = node_key(app, space, &g.hash, &g.gen_id);
+        let key = node_key(app, space, &g.hash, &g.object_name());
         let size = own.len() as u64;
         let min = self.config.compress_min_bytes;
         let (bytes, stored) = if (min > 0 && size >= min) || hint.is_some() {

@@ -27,6 +27,7 @@ use crate::blob::{Encoding, pack_key};
 use crate::delta::{ContentError, integrity};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{NodeRow, PackRow, PackSpan, PackState, PackedEntry};
+use crate::pack_object::build_pack;
 use crate::{Service, failpoint, now_ms};
 
 /// Most nodes one pack takes.
@@ -34,7 +35,7 @@ const MAX_ENTRIES: usize = 8192;
 
 /// Largest decoded block a read accepts: a block holds at most `pack_block_bytes` (4 MiB at
 /// most) or one entry (1 MiB at most).
-const BLOCK_MAX: usize = 4 << 20;
+pub(crate) const BLOCK_MAX: usize = 4 << 20;
 
 /// What one packing step did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +190,7 @@ impl Service {
             return Err(failed("pack.after_begin"));
         }
         let _permit = self.in_memory_permit().await?;
-        let entries = self.pack_entries(app, space, rows).await?;
+        let mut entries = self.pack_entries(app, space, rows).await?;
         if entries.is_empty() {
             outcome.packs_deleted += self.drop_packs(app, space, vec![pack_id]).await?;
             return Ok(outcome);
@@ -198,12 +199,29 @@ impl Service {
             self.config.pack_level,
             self.config.pack_block_bytes as usize,
         );
-        let contents: Vec<Bytes> = entries.iter().map(|e| e.bytes.clone()).collect();
-        let (object, spans) =
-            tokio::task::spawn_blocking(move || build_pack(&contents, block_bytes, level))
-                .await
-                .map_err(|e| ApiError::internal("building a pack", e))?
-                .map_err(|e| ApiError::internal("building a pack", e))?;
+        // Contents are stored with their base64 decoded (linear scans) and compressed, off the
+        // async runtime.
+        let contents: Vec<(Bytes, Encoding)> = entries
+            .iter()
+            .map(|e| (e.bytes.clone(), e.encoding))
+            .collect();
+        let (contents, object, spans) = tokio::task::spawn_blocking(move || {
+            let contents: Vec<(Bytes, Encoding)> = contents
+                .into_iter()
+                .map(|(bytes, encoding)| match encoding {
+                    Encoding::Identity => crate::base64_runs::contract_entry(bytes),
+                    _ => (bytes, encoding),
+                })
+                .collect();
+            let bytes: Vec<Bytes> = contents.iter().map(|(b, _)| b.clone()).collect();
+            build_pack(&bytes, block_bytes, level).map(|(o, s)| (contents, o, s))
+        })
+        .await
+        .map_err(|e| ApiError::internal("building a pack", e))?
+        .map_err(|e| ApiError::internal("building a pack", e))?;
+        for (e, (bytes, encoding)) in entries.iter_mut().zip(contents) {
+            (e.bytes, e.encoding) = (bytes, encoding);
+        }
         let object_bytes = object.len() as i64;
         let key = pack_key(app, space, &pack_id);
         self.put_bytes(&key, Bytes::from(object)).await?;
@@ -330,10 +348,8 @@ impl Service {
             // The content is rebuilt and verified either way: a damaged node is not packed.
             let got = match self.stored_content(app, space, &row).await {
                 Ok(content) => match keep {
-                    None => Ok(match crate::base64_runs::contract(&content) {
-                        Some(contracted) => (Bytes::from(contracted), Encoding::Base64Runs),
-                        None => (content, Encoding::Identity),
-                    }),
+                    // (Its base64 runs are decoded where the pack is built.)
+                    None => Ok((content, Encoding::Identity)),
                     Some(_) => self
                         .object_bytes(app, space, &row, true)
                         .await
@@ -440,95 +456,10 @@ fn chain_order(rows: Vec<NodeRow>, in_pack: &HashSet<Hash>) -> Vec<NodeRow> {
     order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
-/// An entry's place in a pack, and its share of its block's bytes.
-type Placed = (PackSpan, i64);
-
-/// Cuts `entries` into blocks of about `block_bytes` (a block takes at least one entry),
-/// compresses each block as one checksummed zstd frame, and answers the pack object with each
-/// entry's place and its share of its block's bytes (the shares of a block sum to its bytes).
-fn build_pack(
-    entries: &[Bytes],
-    block_bytes: usize,
-    level: i32,
-) -> std::io::Result<(Vec<u8>, Vec<Placed>)> {
-    let mut object = Vec::new();
-    let mut spans = Vec::with_capacity(entries.len());
-    let mut compressor = zstd::bulk::Compressor::new(level)?;
-    compressor.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
-    let mut i = 0;
-    while i < entries.len() {
-        let start = i;
-        let mut len = 0;
-        while i < entries.len() && (i == start || len + entries[i].len() <= block_bytes) {
-            len += entries[i].len();
-            i += 1;
-        }
-        let block = &entries[start..i];
-        let mut content = Vec::with_capacity(len);
-        for e in block {
-            content.extend_from_slice(e);
-        }
-        let frame = compressor.compress(&content)?;
-        let (block_offset, frame_bytes) = (object.len() as i64, frame.len() as i64);
-        object.extend_from_slice(&frame);
-        // Shares by content (plus one, so that an empty node has a share too).
-        let total: i64 = block.iter().map(|e| e.len() as i64 + 1).sum();
-        let (mut given, mut entry_offset) = (0i64, 0i64);
-        for (k, e) in block.iter().enumerate() {
-            let share = if k + 1 == block.len() {
-                frame_bytes - given
-            } else {
-                frame_bytes * (e.len() as i64 + 1) / total
-            };
-            given += share;
-            spans.push((
-                PackSpan {
-                    block_offset,
-                    block_bytes: frame_bytes,
-                    entry_offset,
-                    entry_bytes: e.len() as i64,
-                },
-                share,
-            ));
-            entry_offset += e.len() as i64;
-        }
-    }
-    Ok((object, spans))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::meta::DeltaBase;
-
-    #[test]
-    fn a_pack_holds_every_entry_and_its_shares_sum_to_it() {
-        let entries: Vec<Bytes> = (0..50u32)
-            .map(|i| Bytes::from(format!("cell {i}\n").repeat((i as usize % 7) * 40)))
-            .collect();
-        let (object, spans) = build_pack(&entries, 4096, 3).unwrap();
-        assert_eq!(spans.len(), entries.len());
-        assert_eq!(
-            spans.iter().map(|(_, s)| s).sum::<i64>(),
-            object.len() as i64
-        );
-        let blocks: HashSet<i64> = spans.iter().map(|(s, _)| s.block_offset).collect();
-        assert!(blocks.len() > 1, "cut into blocks");
-        for (e, (span, share)) in entries.iter().zip(&spans) {
-            assert!(*share >= 0);
-            let start = span.block_offset as usize;
-            let frame = &object[start..start + span.block_bytes as usize];
-            let block = zstd::bulk::decompress(frame, BLOCK_MAX).unwrap();
-            let at = span.entry_offset as usize;
-            assert_eq!(&block[at..at + span.entry_bytes as usize], &e[..]);
-        }
-        // A damaged frame does not decode (the checksum).
-        let mut damaged = object.clone();
-        let (first, _) = spans[0];
-        damaged[first.block_bytes as usize / 2] ^= 0x40;
-        let frame = &damaged[..first.block_bytes as usize];
-        assert!(zstd::bulk::decompress(frame, BLOCK_MAX).is_err());
-    }
 
     fn row(i: u8, base: Option<u8>) -> NodeRow {
         NodeRow {

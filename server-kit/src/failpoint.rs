@@ -3,7 +3,8 @@
 //!
 //! - `pause`: log `failpoint <name> reached` and wait forever (a test then kills the process);
 //! - `abort`: end the process on the spot;
-//! - `error`: make the step fail as if its store had failed.
+//! - `error`: make the step fail as if its store had failed;
+//! - `delay:MS`: wait MS milliseconds, then go on (a test widens a race window).
 
 /// Whether the failpoint `name` asks the caller to fail. Without the feature: never.
 #[cfg(feature = "failpoints")]
@@ -27,7 +28,13 @@ pub async fn hit(name: &str) -> bool {
             std::process::abort()
         }
         Some("error") => true,
-        _ => false,
+        Some(a) => {
+            if let Some(ms) = a.strip_prefix("delay:").and_then(|ms| ms.parse().ok()) {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            }
+            false
+        }
+        None => false,
     }
 }
 

@@ -301,6 +301,19 @@ impl TestEnv {
         cas_service::blob::BlobStore::open(&config).await
     }
 
+    /// The node objects of a Space (packs are elsewhere).
+    pub async fn node_objects(
+        &self,
+        app: &TestApp,
+        sp: &SpaceId,
+    ) -> anyhow::Result<Vec<cas_service::blob::ListedObject>> {
+        let key = cas_service::blob::node_key(&app.app, sp, &Hash::digest(b""), "g");
+        let prefix = &key[..key
+            .find("/nodes/")
+            .map_or(key.len(), |i| i + "/nodes/".len())];
+        Ok(self.blobs().await?.list(prefix).await?)
+    }
+
     /// Starts a server that pauses at `failpoint`, asks it for a GC pass of `space`, and kills
     /// it (SIGKILL) once the pass reached the failpoint.
     pub async fn kill_during_gc(

@@ -77,6 +77,14 @@ async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
         2
     );
     env.check_invariants(&meta, &app.app).await?;
+    // The repeated lease published its own attempt and queued the killed attempt's object,
+    // which the next GC pass deletes.
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(
+        ok && report["findings"].to_string().contains("queued-deletion"),
+        "{report:#}"
+    );
+    client.gc(&sp, Some(100)).await?;
     let (ok, report) = env.fsck("hub", &[])?;
     assert!(
         ok && report["findings"].as_array().unwrap().is_empty(),

@@ -320,8 +320,71 @@ async fn a_copy_at_a_new_path_is_stored_as_a_delta(b: Backend) -> anyhow::Result
     Ok(())
 }
 
+/// Two requests publish the same new node at once, one as a delta against a base it names and
+/// one alone (two clients saving the same content): each attempt writes an object of its own,
+/// so whichever finishes second cannot replace the bytes the winner's row describes; the
+/// loser's object is removed, the node reads back, and fsck finds nothing.
+async fn racing_publications_keep_the_winners_bytes(b: Backend) -> anyhow::Result<()> {
+    let mut env = TestEnv::new(b).await?;
+    // Every node an object of its own; each publication waits after writing it, so the second
+    // request writes while the first is about to commit its row.
+    env.set("UNICAS_HOLD_MAX_BYTES", 0);
+    let app = env.create_app("hub")?;
+    let server = env.start_with(&[("UNICAS_FAILPOINTS", "publish.after_object=delay:700")])?;
+    let client = app.client(&server);
+    let sp = space("s");
+    // Larger than what travels inline: both requests upload, then publish from the upload.
+    let base = text(11, 300_000);
+    let hb = store(&client, &sp, leaf(&base).1, None).await?;
+    let meta = env.meta().await?;
+    let mut expected = vec![(hb, base.clone())];
+    for round in 0..4u32 {
+        let v = edited(&base, &format!("round {round}"));
+        let (h, portable) = leaf(&v);
+        // Rounds alternate which of the two starts first.
+        let (first, second) = if round % 2 == 0 {
+            (Some(hb), None)
+        } else {
+            (None, Some(hb))
+        };
+        let early = {
+            let (client, sp, portable) = (client.clone(), sp.clone(), portable.clone());
+            tokio::spawn(async move { store(&client, &sp, portable, first).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        store(&client, &sp, portable, second).await?;
+        early.await??;
+        assert_eq!(
+            &client.read_node(&sp, &h).await?[..],
+            &v[..],
+            "round {round}"
+        );
+        let row = meta
+            .node(&app.app, &sp, &h)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no row for {h}"))?;
+        let objects = env.node_objects(&app, &sp).await?;
+        let of_node: Vec<&str> = objects
+            .iter()
+            .map(|o| o.key.as_str())
+            .filter(|k| k.contains(&h.to_hex()))
+            .collect();
+        assert_eq!(
+            of_node,
+            vec![node_key(&app.app, &sp, &h, &row.object_gen).as_str()],
+            "round {round}: only the published attempt's object is left"
+        );
+        expected.push((h, v));
+    }
+    read_all(&client, &sp, &expected).await?;
+    env.assert_consistent("hub")?;
+    drop(server);
+    Ok(())
+}
+
 e2e!(
     deltas_are_read_back_and_outlive_their_bases,
+    racing_publications_keep_the_winners_bytes,
     a_damaged_base_is_an_error,
     killed_while_gc_stores_a_dependent_alone,
 );

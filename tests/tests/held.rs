@@ -6,26 +6,12 @@ use std::collections::BTreeMap;
 
 use cas_format::wire::LeaseResponse;
 use cas_format::{Hash, RequestId, SpaceId};
-use cas_service::blob::{ListedObject, node_key};
 use cas_service::meta::MetaStore;
 use tests::content::*;
 use tests::*;
 
 fn rid(s: &str) -> RequestId {
     s.parse().expect("request id")
-}
-
-/// The node objects of a Space (packs are elsewhere).
-async fn node_objects(
-    env: &TestEnv,
-    app: &TestApp,
-    sp: &SpaceId,
-) -> anyhow::Result<Vec<ListedObject>> {
-    let key = node_key(&app.app, sp, &Hash::digest(b""), "g");
-    let prefix = &key[..key
-        .find("/nodes/")
-        .map_or(key.len(), |i| i + "/nodes/".len())];
-    Ok(env.blobs().await?.list(prefix).await?)
 }
 
 async fn held(meta: &MetaStore, app: &TestApp, sp: &SpaceId, h: &Hash) -> anyhow::Result<bool> {
@@ -126,7 +112,7 @@ async fn small_nodes_are_held_until_packed(b: Backend) -> anyhow::Result<()> {
         !held(&meta, &app, &sp, &hl).await?,
         "the large node is an object"
     );
-    let objects = node_objects(&env, &app, &sp).await?;
+    let objects = env.node_objects(&app, &sp).await?;
     assert_eq!(
         objects.len(),
         1,
@@ -175,7 +161,7 @@ async fn small_nodes_are_held_until_packed(b: Backend) -> anyhow::Result<()> {
         client.gc(&sp, None).await?;
     }
     assert_eq!(client.usage(&sp).await?.ready_stored_bytes, 0);
-    assert!(node_objects(&env, &app, &sp).await?.is_empty());
+    assert!(env.node_objects(&app, &sp).await?.is_empty());
     stop_and_check(&env, &meta, &app, server).await?;
 
     // Holding off: small nodes are objects until packed.
@@ -188,7 +174,7 @@ async fn small_nodes_are_held_until_packed(b: Backend) -> anyhow::Result<()> {
     for (h, _) in &nodes {
         assert!(!held(&meta, &app, &sp, h).await?, "{h} is an object");
     }
-    assert_eq!(node_objects(&env, &app, &sp).await?.len(), nodes.len() + 1);
+    assert_eq!(env.node_objects(&app, &sp).await?.len(), nodes.len() + 1);
     read_back(&client, &sp, &nodes).await?;
     Ok(())
 }
@@ -212,7 +198,7 @@ async fn killed_before_a_held_row_leaves_nothing(b: Backend) -> anyhow::Result<(
     .await?;
     let meta = env.meta().await?;
     assert!(meta.node(&app.app, &sp, &h).await?.is_none(), "no row");
-    assert!(node_objects(&env, &app, &sp).await?.is_empty(), "no object");
+    assert!(env.node_objects(&app, &sp).await?.is_empty(), "no object");
     let (ok, report) = env.fsck("hub", &[])?;
     assert!(
         ok && report["findings"].as_array().is_some_and(|f| f.is_empty()),

@@ -26,7 +26,9 @@ use crate::blob::{
     upload_key,
 };
 use crate::delta::ContentError;
-use crate::meta::{DeltaBase, Evidence, FinalizeOutcome, GenState, NodeRow, StoredObject};
+use crate::meta::{
+    DeltaBase, Evidence, FinalizeOutcome, GenState, NodeRow, StoredObject, parse_object_name,
+};
 use crate::{Service, now_ms};
 
 mod packs;
@@ -419,10 +421,18 @@ impl Service {
             }
             let in_grace = now - o.modified_ms < grace;
             // Evidence: a generation of this node whose bytes were validated.
-            let evidence = generations
-                .get(&object_gen)
-                .filter(|(s, g)| *s == space && g.hash == hash && g.state == GenState::Validated)
-                .map(|(_, g)| g.clone());
+            // (Each publication attempt writes an object of its own: `<generation>[.<k>]`.)
+            let evidence = parse_object_name(&object_gen).and_then(|(gen_id, attempt)| {
+                let (s, g) = generations.get(gen_id)?;
+                (*s == space
+                    && g.hash == hash
+                    && g.state == GenState::Validated
+                    && attempt <= g.attempt.max(1))
+                .then(|| crate::meta::Generation {
+                    attempt,
+                    ..g.clone()
+                })
+            });
             if opts.repair_orphans
                 && !rows.contains_key(&(space.clone(), hash))
                 && let Some(g) = evidence
@@ -556,7 +566,7 @@ impl Service {
         g: &crate::meta::Generation,
         evidence: &Evidence,
     ) -> anyhow::Result<Option<Encoding>> {
-        let key = node_key(app, space, &g.hash, &g.gen_id);
+        let key = node_key(app, space, &g.hash, &g.object_name());
         for encoding in Encoding::STANDALONE {
             let Some((reader, _)) = self.blobs.get(&key, None).await? else {
                 return Ok(None);

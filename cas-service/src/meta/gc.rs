@@ -23,8 +23,9 @@ pub struct Marked {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetiringGeneration {
     pub generation: Generation,
-    /// False for published generations, whose canonical object belongs to a node row.
-    pub delete_canonical: bool,
+    /// The objects its publication attempts may have written (none for a published one: its
+    /// publication queued the others for deletion).
+    pub objects: Vec<String>,
 }
 
 /// Whether a marked row has an object of its own.
@@ -197,8 +198,14 @@ impl Partition {
             if g.state.is_active() {
                 self.retire_generation(&g).await?;
             }
+            // (Publication queued the other attempts' objects for deletion.)
+            let objects = if g.state != GenState::Published {
+                g.attempt_objects().collect()
+            } else {
+                Vec::new()
+            };
             out.push(RetiringGeneration {
-                delete_canonical: g.state != GenState::Published,
+                objects,
                 generation: g,
             });
         }

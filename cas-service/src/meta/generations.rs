@@ -116,10 +116,45 @@ pub struct Generation {
     pub expires_at: i64,
     pub reserved_bytes: i64,
     pub evidence: Option<Evidence>,
+    /// Publication attempts taken so far; a handle returned by
+    /// [`Partition::next_attempt`] writes attempt `attempt`'s object ([`Generation::object_name`]).
+    pub attempt: i64,
+}
+
+impl Generation {
+    /// The name of the object that publication attempt `self.attempt` writes (the object part
+    /// of its node key and the row's `object_gen`): the generation id for the first attempt,
+    /// `<id>.<k>` for a later one, so that no two attempts write the same object.
+    pub fn object_name(&self) -> String {
+        attempt_object(&self.gen_id, self.attempt)
+    }
+
+    /// The objects every attempt so far may have written.
+    pub fn attempt_objects(&self) -> impl Iterator<Item = String> + '_ {
+        (1..=self.attempt.max(1)).map(|k| attempt_object(&self.gen_id, k))
+    }
+}
+
+fn attempt_object(gen_id: &str, attempt: i64) -> String {
+    if attempt <= 1 {
+        gen_id.to_string()
+    } else {
+        format!("{gen_id}.{attempt}")
+    }
+}
+
+/// The generation and attempt an object name stands for (see [`Generation::object_name`]);
+/// `None` for a name no attempt writes.
+pub fn parse_object_name(name: &str) -> Option<(&str, i64)> {
+    let (gen_id, attempt) = match name.split_once('.') {
+        None => (name, 1),
+        Some((gen_id, k)) => (gen_id, k.parse::<i64>().ok()?),
+    };
+    (attempt >= 1 && attempt_object(gen_id, attempt) == name).then_some((gen_id, attempt))
 }
 
 pub(crate) const GEN_COLUMNS: &str = "gen_id, app_id, space_id, hash, state, target, created_at, \
-     url_expires_at, expires_at, reserved_bytes, content_type, content_size, refs";
+     url_expires_at, expires_at, reserved_bytes, content_type, content_size, refs, attempts";
 
 fn refs_from_blob(bytes: &[u8]) -> Result<Vec<Hash>, sqlx::Error> {
     if !bytes.len().is_multiple_of(32) {
@@ -161,6 +196,7 @@ pub(crate) fn generation_from_row(row: &AnyRow) -> Result<Generation, sqlx::Erro
         expires_at: row.try_get("expires_at")?,
         reserved_bytes: row.try_get("reserved_bytes")?,
         evidence,
+        attempt: row.try_get("attempts")?,
     })
 }
 
@@ -293,8 +329,8 @@ impl Partition {
         let (app, space) = (self.app.clone(), self.space.clone());
         sqlx::query(
             "INSERT INTO upload_generations (gen_id, app_id, space_id, hash, state, target, \
-             created_at, url_expires_at, expires_at, reserved_bytes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+             created_at, url_expires_at, expires_at, reserved_bytes, attempts) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(g.gen_id.as_str())
         .bind(app.as_str())
@@ -306,6 +342,7 @@ impl Partition {
         .bind(g.url_expires_at)
         .bind(g.expires_at)
         .bind(g.reserved_bytes)
+        .bind(g.attempt)
         .execute(&mut **self.tx())
         .await?;
         self.add_usage(UsageDelta {
@@ -313,6 +350,23 @@ impl Partition {
             ..Default::default()
         })
         .await
+    }
+
+    /// Takes the next publication attempt of an active generation: the handle it returns
+    /// writes an object no other attempt writes ([`Generation::object_name`]).
+    pub async fn next_attempt(&mut self, g: &Generation) -> Result<Generation, sqlx::Error> {
+        let attempt: i64 = sqlx::query(
+            "UPDATE upload_generations SET attempts = attempts + 1 WHERE gen_id = $1 \
+             RETURNING attempts",
+        )
+        .bind(g.gen_id.as_str())
+        .fetch_one(&mut **self.tx())
+        .await?
+        .try_get("attempts")?;
+        Ok(Generation {
+            attempt,
+            ..g.clone()
+        })
     }
 
     /// Retires a generation (rejected bytes or expiry) and releases its reservation. Its
@@ -409,5 +463,48 @@ impl Partition {
             ..Default::default()
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_attempt_names_an_object_of_its_own() {
+        let g = |attempt| Generation {
+            gen_id: "01J0ABC".into(),
+            hash: Hash::digest(b"x"),
+            state: GenState::Validated,
+            target: TargetKind::Service,
+            created_at: 0,
+            url_expires_at: 0,
+            expires_at: 0,
+            reserved_bytes: 0,
+            evidence: None,
+            attempt,
+        };
+        // Generations from before attempts were counted wrote at the generation's key.
+        assert_eq!(g(0).object_name(), "01J0ABC");
+        assert_eq!(g(1).object_name(), "01J0ABC");
+        assert_eq!(g(3).object_name(), "01J0ABC.3");
+        assert_eq!(
+            g(3).attempt_objects().collect::<Vec<_>>(),
+            ["01J0ABC", "01J0ABC.2", "01J0ABC.3"]
+        );
+        assert_eq!(g(0).attempt_objects().count(), 1);
+        for k in 1..5 {
+            assert_eq!(parse_object_name(&g(k).object_name()), Some(("01J0ABC", k)));
+        }
+        for bad in [
+            "01J0ABC.1",
+            "01J0ABC.+2",
+            "01J0ABC.02",
+            "01J0ABC.x",
+            "01J0ABC.-2",
+            "a.2.3",
+        ] {
+            assert_eq!(parse_object_name(bad), None, "{bad}");
+        }
     }
 }

@@ -46,7 +46,7 @@ pub use admin::{Account, AuditEntry, LOCAL_OPERATOR, OidcLogin, SessionRecord};
 pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Backlog, Marked, RetiringGeneration};
-pub use generations::{Evidence, GenState, Generation, TargetKind};
+pub use generations::{Evidence, GenState, Generation, TargetKind, parse_object_name};
 pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, PackSpan, StoredObject};
 pub use packs::{PackRow, PackState, PackedEntry};
 pub use root_refs::{

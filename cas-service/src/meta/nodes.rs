@@ -339,10 +339,10 @@ impl Partition {
             }
             return Ok(FinalizeOutcome::AlreadyReady { started, expires });
         }
-        match self.generation(&g.gen_id).await? {
-            Some(current) if current.state.is_active() => {}
+        let attempts = match self.generation(&g.gen_id).await? {
+            Some(current) if current.state.is_active() => current,
             _ => return Ok(FinalizeOutcome::GenerationGone),
-        }
+        };
         let missing = self.missing_children(&evidence.refs).await?;
         if !missing.is_empty() {
             return Ok(FinalizeOutcome::MissingChildren(missing));
@@ -367,7 +367,7 @@ impl Partition {
                 .bind(app.as_str())
                 .bind(space.as_str())
                 .bind(hb(&g.hash))
-                .bind(g.gen_id.as_str())
+                .bind(g.object_name())
                 .bind(stored.encoding.as_str())
                 .bind(stored_bytes)
                 .bind(started)
@@ -399,7 +399,7 @@ impl Partition {
                 .bind(evidence.content_size)
                 .bind(evidence.content_type.as_str())
                 .bind(evidence.refs.len() as i64)
-                .bind(g.gen_id.as_str())
+                .bind(g.object_name())
                 .bind(stored.encoding.as_str())
                 .bind(stored_bytes)
                 .bind(started)
@@ -422,6 +422,12 @@ impl Partition {
         self.add_usage(delta).await?;
         self.set_generation_state(g, GenState::Published, 0, None)
             .await?;
+        // What other attempts of this upload wrote (or, killed, left) goes with the next GC
+        // pass; one still writing finds the node ready and deletes its object itself.
+        let mine = g.object_name();
+        for other in attempts.attempt_objects().filter(|o| *o != mine) {
+            self.retire_object(&g.hash, &other, now).await?;
+        }
         Ok(FinalizeOutcome::Published { started, expires })
     }
 
