@@ -50,12 +50,17 @@ impl ClientError {
         }
     }
 
-    /// Whether retrying the same call may succeed: transport failures, 429, 502–504, and
-    /// 500 (which the service answers only for internal failures a retry may not meet).
+    /// Whether retrying the same call may succeed: transport failures, 429, 502–504, 500
+    /// (which the service answers only for internal failures a retry may not meet), and an
+    /// issuer registry the service could not reach.
     pub fn is_transient(&self) -> bool {
         match self {
             ClientError::Transport(_) => true,
-            ClientError::Api { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
+            ClientError::Api { status, code, .. } => {
+                matches!(status, 429 | 500 | 502 | 503 | 504)
+                    // The service could not reach its issuer registry (it fails closed, 401).
+                    || code == "registry_unavailable"
+            }
             _ => false,
         }
     }

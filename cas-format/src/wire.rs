@@ -58,12 +58,15 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-/// Body of `POST /v1/cas/nodes/{hash}/lease`.
+/// Body of `POST /v1/cas/nodes/{hash}/lease`. Unknown fields are ignored (the public contract
+/// lets clients add fields); `leaseDurationMs` must be greater than 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LeaseRequest {
-    /// Requested lease duration; the service clamps it (60 s … 24 h by default).
+    /// Requested lease duration, greater than 0; the service clamps it (60 s … 24 h by
+    /// default).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub lease_duration_ms: u64,
     /// Optional and advisory: a node of the same Space this one probably resembles (the
     /// previous version of the same file). When this lease publishes the node, the service may
@@ -148,11 +151,12 @@ impl LeaseResponse {
 /// optional declared size, and, for a node of at most [`MAX_INLINE_NODE_BYTES`], optionally
 /// the portable node itself (standard base64), validated and published by this very lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BatchLeaseElement {
     pub hash: Hash,
-    /// As in the single lease: the service clamps it.
+    /// As in the single lease: greater than 0; the service clamps it.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub lease_duration_ms: u64,
     /// The size of the portable node the client would upload (chooses the upload target).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -242,9 +246,9 @@ pub struct Usage {
     pub leased_node_count: i64,
 }
 
-/// Body of `POST /v1/cas/gc` (optional).
+/// Body of `POST /v1/cas/gc` (optional). Unknown fields are ignored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GcRequest {
     /// 1–10,000; default 100.
@@ -296,9 +300,9 @@ impl<'de> Deserialize<'de> for RefChanges {
     }
 }
 
-/// Body of `POST /v1/cas/root-refs`.
+/// Body of `POST /v1/cas/root-refs`. Unknown fields are ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RootRefUpdate {
     pub request_id: RequestId,
@@ -363,11 +367,10 @@ mod tests {
     }
 
     #[test]
-    fn lease_request_is_exact() {
+    fn lease_requests_ignore_unknown_fields() {
         assert!(serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":60000}"#).is_ok());
-        assert!(
-            serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":60000,"x":1}"#).is_err()
-        );
+        // The public contract lets clients add fields.
+        assert!(serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":60000,"x":1}"#).is_ok());
         assert!(serde_json::from_str::<LeaseRequest>(r#"{"leaseDurationMs":-1}"#).is_err());
         assert!(serde_json::from_str::<LeaseRequest>(r#"{}"#).is_err());
     }

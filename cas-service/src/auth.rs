@@ -218,9 +218,13 @@ impl Registry {
                             }
                             _ => {
                                 tracing::error!(error = %e, "issuer registry unavailable; refusing capabilities");
-                                return Err(ApiError::unavailable(
-                                    "the issuer registry is unavailable; retry",
-                                ));
+                                return Err(ApiError {
+                                    retry_after: Some(1),
+                                    ..ApiError::unauthorized(
+                                        "registry_unavailable",
+                                        "the issuer registry is unavailable; retry",
+                                    )
+                                });
                             }
                         },
                     },
@@ -303,7 +307,7 @@ pub struct VerifyOptions<'a> {
 /// The bearer token of a request.
 pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
     let value = headers.get(AUTHORIZATION).ok_or_else(|| {
-        ApiError::unauthorized("AUTH_REQUIRED", "a bearer capability is required")
+        ApiError::unauthorized("missing_token", "a bearer capability is required")
     })?;
     let value = value
         .to_str()
@@ -315,7 +319,7 @@ pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
             Ok(token.trim())
         }
         _ => Err(ApiError::unauthorized(
-            "AUTH_REQUIRED",
+            "missing_token",
             "the Authorization header must be `Bearer <capability>`",
         )),
     }
@@ -362,7 +366,10 @@ async fn verify_signature(
     let header: PeekHeader = peek(h)?;
     let alg_name = header.alg.unwrap_or_default();
     let Some(alg) = parse_algorithm(&alg_name) else {
-        return Err(invalid("the algorithm is not EdDSA, ES256 or RS256"));
+        return Err(ApiError::forbidden(
+            "unsupported_algorithm",
+            "the capability's algorithm is not EdDSA, ES256 or RS256",
+        ));
     };
     let issuer = peek::<PeekClaims>(c)?
         .iss
@@ -436,7 +443,7 @@ fn authorize(
 ) -> Result<Capability, ApiError> {
     if app_auth.app_id != *app {
         return Err(ApiError::forbidden(
-            "APP_MISMATCH",
+            "resource_scope_mismatch",
             "the token's issuer belongs to another App",
         ));
     }
@@ -445,13 +452,13 @@ fn authorize(
     }
     let Some(grant) = claims.grants.iter().find(|g| g.space_id == space.as_str()) else {
         return Err(ApiError::forbidden(
-            "SPACE_NOT_GRANTED",
+            "resource_scope_mismatch",
             "the token grants nothing in this Space",
         ));
     };
     if !grant.permissions.iter().any(|p| p == permission) {
         return Err(ApiError::forbidden(
-            "PERMISSION_DENIED",
+            "insufficient_permission",
             format!("the token's grant lacks {permission}"),
         ));
     }

@@ -11,6 +11,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+/// Which origins may call the data plane from a browser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cors {
+    AnyOrigin,
+    Origins(Vec<String>),
+    Off,
+}
+
 /// The service configuration. See `docs/configuration.md` for every key.
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -26,6 +34,10 @@ pub struct Config {
     /// Base URL of this service as clients reach it (signed upload URLs start with it);
     /// default: `http://<listen>`.
     pub public_url: Option<String>,
+    /// Origins whose browser pages may call the data plane: `*` (any; it is authorized by the
+    /// bearer capability alone, never a cookie), a comma-separated list of origins, or empty
+    /// (no cross-origin answers).
+    pub cors_origins: String,
     /// The `aud` that Space capabilities must carry.
     pub audience: String,
     /// Shortest lease the service grants, whatever is asked.
@@ -169,6 +181,7 @@ impl Default for Config {
             database_url: None,
             blob_store: None,
             public_url: None,
+            cors_origins: "*".into(),
             audience: "unicas".into(),
             lease_min_ms: 60_000,
             lease_max_ms: 24 * 3600 * 1000,
@@ -287,6 +300,7 @@ impl Config {
         parse_env_opt("DATABASE_URL", &mut self.database_url);
         parse_env_opt("BLOB_STORE", &mut self.blob_store);
         parse_env_opt("PUBLIC_URL", &mut self.public_url);
+        parse_env("CORS_ORIGINS", &mut self.cors_origins)?;
         parse_env("AUDIENCE", &mut self.audience)?;
         parse_env("LEASE_MIN_MS", &mut self.lease_min_ms)?;
         parse_env("LEASE_MAX_MS", &mut self.lease_max_ms)?;
@@ -411,8 +425,31 @@ impl Config {
         self.database_url()?;
         self.blob_store()?;
         self.public_url()?;
+        self.cors()?;
         self.metrics_addr()?;
         Ok(())
+    }
+
+    /// The origins allowed to call the data plane from a browser (`cors_origins`).
+    pub fn cors(&self) -> anyhow::Result<Cors> {
+        let list = self.cors_origins.trim();
+        if list == "*" {
+            return Ok(Cors::AnyOrigin);
+        }
+        let mut origins = Vec::new();
+        for origin in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let scheme_ok = origin.starts_with("http://") || origin.starts_with("https://");
+            let bare = origin.splitn(4, '/').nth(3).is_none() && !origin.ends_with('/');
+            if !scheme_ok || !bare || !origin.is_ascii() || origin.contains(char::is_whitespace) {
+                bail!("cors_origins: {origin:?} is not an origin (scheme://host[:port], no path)");
+            }
+            origins.push(origin.to_string());
+        }
+        Ok(if origins.is_empty() {
+            Cors::Off
+        } else {
+            Cors::Origins(origins)
+        })
     }
 
     /// Where `/metrics` is served.

@@ -98,7 +98,10 @@ impl ApiError {
     /// A storage dependency failed in a way a retry may fix.
     pub fn storage_unavailable(context: &str, cause: impl std::fmt::Display) -> Self {
         tracing::warn!(error = %cause, "{context}");
-        Self::unavailable("storage is temporarily unavailable; retry")
+        ApiError {
+            code: "STORAGE_ERROR",
+            ..Self::unavailable("storage is temporarily unavailable; retry")
+        }
     }
 }
 

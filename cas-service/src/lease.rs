@@ -31,6 +31,14 @@ enum Published {
     BaseGone,
 }
 
+/// A lease request asks for a duration greater than 0 (which the service then clamps).
+pub fn check_lease_duration(ms: u64) -> ApiResult<()> {
+    if ms == 0 {
+        return Err(ApiError::invalid("leaseDurationMs must be greater than 0"));
+    }
+    Ok(())
+}
+
 /// The lease window after a claim of `duration` at `now`: a lease that has lapsed starts a new
 /// period; a running one is never shortened.
 pub fn lease_window(started: i64, expires: i64, now: i64, duration: i64) -> (i64, i64) {
@@ -126,7 +134,7 @@ impl Service {
         {
             return Err(ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                "NODE_TOO_LARGE",
+                "PAYLOAD_TOO_LARGE",
                 format!("a node may be at most {} bytes", self.config.node_max_bytes),
             ));
         }

@@ -22,7 +22,7 @@ use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
 use crate::error::{ApiError, ApiResult};
-use crate::lease::lease_window;
+use crate::lease::{check_lease_duration, lease_window};
 use crate::materialize::MaterializeError;
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, StoredObject};
 use crate::{Service, failpoint, now_ms};
@@ -42,7 +42,7 @@ pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
     if elements.len() > MAX_BATCH_LEASES {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "TOO_MANY_LEASES",
+            "PAYLOAD_TOO_LARGE",
             format!("a batch may hold at most {MAX_BATCH_LEASES} leases; split it"),
         ));
     }
@@ -74,7 +74,7 @@ fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
 fn inline_too_large() -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "NODE_TOO_LARGE",
+        "PAYLOAD_TOO_LARGE",
         format!("inline content may be at most {MAX_INLINE_NODE_BYTES} bytes; upload it instead"),
     )
 }
@@ -200,6 +200,9 @@ impl Service {
     /// are not a valid node, is leased one by one (which answers with the rejection, as for an
     /// upload).
     async fn check_inline(&self, index: usize, mut e: BatchLeaseElement) -> Checked {
+        if let Err(err) = check_lease_duration(e.lease_duration_ms) {
+            return Checked::Refused(index, err);
+        }
         let Some(content) = e.content.take() else {
             return Checked::Single(index, e);
         };

@@ -110,7 +110,7 @@ pub fn check_changes(changes: &BTreeMap<Hash, i64>) -> ApiResult<Hash> {
     if changes.len() > MAX_CHANGES {
         return Err(ApiError::new(
             axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "TOO_MANY_CHANGES",
+            "PAYLOAD_TOO_LARGE",
             format!("an update may change at most {MAX_CHANGES} hashes; split it"),
         ));
     }
@@ -137,20 +137,19 @@ pub fn rejection(r: RootRefRejection) -> ApiError {
             "IDEMPOTENCY_CONFLICT",
             "this requestId was already used with other changes",
         ),
-        RootRefRejection::UnknownNode(h) => ApiError::conflict(
-            "ROOT_REF_UNKNOWN_NODE",
-            format!("no node {h} in this Space"),
-        ),
+        RootRefRejection::UnknownNode(h) => {
+            ApiError::not_found("NODE_NOT_FOUND", format!("no node {h} in this Space"))
+        }
         RootRefRejection::NotReady(h) => ApiError::conflict(
-            "ROOT_REF_NODE_NOT_READY",
+            "NODE_NOT_READY",
             format!("node {h} is not ready; lease and upload it again"),
         ),
         RootRefRejection::Negative { hash, result } => ApiError::conflict(
-            "ROOT_REF_NEGATIVE",
+            "NEGATIVE_AGGREGATE",
             format!("the root ref count of {hash} would become {result}"),
         ),
         RootRefRejection::Overflow(h) => ApiError::conflict(
-            "ROOT_REF_OVERFLOW",
+            "NODE_CONFLICT",
             format!("the root ref count of {h} would exceed 2^53 - 1"),
         ),
     }

@@ -45,7 +45,7 @@ pub(crate) fn already_stored() -> ApiError {
 pub(crate) fn too_large(limit: u64) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "NODE_TOO_LARGE",
+        "PAYLOAD_TOO_LARGE",
         format!("an upload may hold at most {limit} bytes"),
     )
 }

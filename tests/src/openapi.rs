@@ -58,6 +58,10 @@ impl Docs<'_> {
             if PROSE.contains(&k.as_str()) {
                 continue;
             }
+            // Accepting fields that were refused before takes nothing away.
+            if k == "additionalProperties" && *ov == Value::Bool(false) {
+                continue;
+            }
             let here = format!("{at}/{k}");
             let Some(nv) = n.get(k) else {
                 out.push(format!("{here}: removed"));
@@ -211,6 +215,11 @@ mod tests {
             json!({"Id": {"type": "string", "pattern": "^x$", "description": "An id."}}),
         );
         assert_eq!(breaking_changes(&old, &new), Vec::<String>::new());
+        // Accepting unknown fields that were refused takes nothing away.
+        let mut strict = thing(json!({"type": "string"}));
+        strict["additionalProperties"] = json!(false);
+        let strict = doc(strict, json!({}));
+        assert_eq!(breaking_changes(&strict, &old), Vec::<String>::new());
     }
 
     #[test]

@@ -146,7 +146,7 @@ async fn bootstrap_sessions_and_plane_separation(b: Backend) -> anyhow::Result<(
         .send()
         .await?;
     assert_eq!(r.status(), 401);
-    assert_eq!(r.json::<Value>().await?["error"], "AUTH_REQUIRED");
+    assert_eq!(r.json::<Value>().await?["error"], "missing_token");
     // A state-changing request without the CSRF token: 403, and nothing changed.
     let r = http()
         .post(format!("{}/admin/apps/hub/suspend", server.url))

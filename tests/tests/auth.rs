@@ -89,7 +89,7 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
     no_exp.as_object_mut().unwrap().remove("exp");
 
     let cases: Vec<(&str, Option<String>, &'static str, u16, &str)> = vec![
-        ("no token", None, "hub", 401, "AUTH_REQUIRED"),
+        ("no token", None, "hub", 401, "missing_token"),
         (
             "not a JWT",
             Some("abc.def".into()),
@@ -125,8 +125,8 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
             "alg none",
             Some(format!("{header_none}.{body}.")),
             "hub",
-            401,
-            "invalid_token",
+            403,
+            "unsupported_algorithm",
         ),
         (
             "HS256 with the public key as secret",
@@ -137,8 +137,8 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
                 &claims(&hub, "s", lease),
             )),
             "hub",
-            401,
-            "invalid_token",
+            403,
+            "unsupported_algorithm",
         ),
         (
             "expired",
@@ -180,21 +180,21 @@ async fn every_auth_failure_has_its_code(b: Backend) -> anyhow::Result<()> {
             Some(other.token(&space("s"), lease)),
             "hub",
             403,
-            "APP_MISMATCH",
+            "resource_scope_mismatch",
         ),
         (
             "Space not granted",
             Some(hub.token(&space("elsewhere"), lease)),
             "hub",
             403,
-            "SPACE_NOT_GRANTED",
+            "resource_scope_mismatch",
         ),
         (
             "permission missing",
             Some(hub.token(&space("s"), &["cas:nodes:read"])),
             "hub",
             403,
-            "PERMISSION_DENIED",
+            "insufficient_permission",
         ),
         (
             "bad appId",

@@ -142,8 +142,8 @@ async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
             "ready",
             "NODE_DIGEST_MISMATCH",
             "INVALID_REQUEST",
-            "NODE_TOO_LARGE",
-            "NODE_TOO_LARGE",
+            "PAYLOAD_TOO_LARGE",
+            "PAYLOAD_TOO_LARGE",
             "awaiting_upload",
             "ready",
         ],
@@ -186,7 +186,7 @@ async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
     let many: Vec<Value> = (0..1001).map(element).collect();
     let r = post(Some(&lease), serde_json::to_vec(&json!({"leases": many}))?).await?;
     assert_eq!(r.status(), 413);
-    assert_eq!(error(r.json().await?), "TOO_MANY_LEASES");
+    assert_eq!(error(r.json().await?), "PAYLOAD_TOO_LARGE");
     let huge = json!({"leases": [{"hash": leaf(b"x").0.to_string(), "leaseDurationMs": LEASE,
         "content": "A".repeat(17 << 20)}]});
     // Refused at 16 MiB: the answer is 413, unless the server closed the connection on the

@@ -186,11 +186,27 @@ async fn range_reads(b: Backend) -> anyhow::Result<()> {
     let r = get(h, None).await?;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["accept-ranges"], "bytes");
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
     assert_eq!(
         r.headers()["x-unicas-content-type"],
         "application/octet-stream"
     );
+    assert_eq!(r.headers()["x-cas-refs"], "", "a leaf has no children");
     assert_eq!(r.bytes().await?.to_vec(), content);
+    // A node's own content type and its ordered children, as an upstream client reads them;
+    // an active type is served sandboxed and never sniffed.
+    let (page, page_bytes) = node("text/html; charset=utf-8", &[h, empty, h], b"<p>hi</p>");
+    client.ensure_node(&sp, &page, &page_bytes, LEASE).await?;
+    let r = get(page, None).await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    assert_eq!(
+        r.headers()["x-cas-refs"],
+        format!("{},{},{}", h.to_hex(), empty.to_hex(), h.to_hex()).as_str()
+    );
+    assert_eq!(r.headers()["content-security-policy"], "sandbox");
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(&r.bytes().await?[..], b"<p>hi</p>");
     for (range, start, end) in [
         ("bytes=10-19", 10, 20),
         ("bytes=90-", 90, 100),
@@ -215,7 +231,7 @@ async fn range_reads(b: Backend) -> anyhow::Result<()> {
         assert_eq!(r.status(), 416, "{range}");
         assert_eq!(r.headers()["content-range"], "bytes */100");
         let body: serde_json::Value = r.json().await?;
-        assert_eq!(body["error"], "RANGE_NOT_SATISFIABLE");
+        assert_eq!(body["error"], "INVALID_REQUEST");
     }
     let r = get(empty, Some("bytes=0-0")).await?;
     assert_eq!(r.status(), 416);
@@ -242,7 +258,7 @@ async fn range_reads(b: Backend) -> anyhow::Result<()> {
     assert_eq!(r.status(), 400);
     assert_eq!(
         r.json::<serde_json::Value>().await?["error"],
-        "INVALID_HASH"
+        "INVALID_REQUEST"
     );
     Ok(())
 }
@@ -354,7 +370,7 @@ async fn upload_rejections(b: Backend) -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(
         (e.status(), api_code(&e).as_str()),
-        (Some(413), "NODE_TOO_LARGE")
+        (Some(413), "PAYLOAD_TOO_LARGE")
     );
     let usage = client.usage(&sp).await?;
     assert_eq!(usage.node_count, 1);
@@ -491,10 +507,10 @@ async fn root_refs(b: Backend) -> anyhow::Result<()> {
         ),
         (
             BTreeMap::from([(x, 1), (unknown, 1)]),
-            409,
-            "ROOT_REF_UNKNOWN_NODE",
+            404,
+            "NODE_NOT_FOUND",
         ),
-        (BTreeMap::from([(x, 1), (y, -2)]), 409, "ROOT_REF_NEGATIVE"),
+        (BTreeMap::from([(x, 1), (y, -2)]), 409, "NEGATIVE_AGGREGATE"),
         (BTreeMap::from([(x, 1), (y, 0)]), 400, "INVALID_REQUEST"),
         (
             BTreeMap::from([(x, 1), (y, 1_000_001)]),
@@ -507,7 +523,7 @@ async fn root_refs(b: Backend) -> anyhow::Result<()> {
                 .map(|i| (Hash::digest(&i.to_le_bytes()), 1))
                 .collect(),
             413,
-            "TOO_MANY_CHANGES",
+            "PAYLOAD_TOO_LARGE",
         ),
     ];
     for (i, (changes, status, code)) in cases.into_iter().enumerate() {
@@ -537,7 +553,7 @@ async fn root_refs(b: Backend) -> anyhow::Result<()> {
         .update_root_refs(&sb, &rid("overflow"), BTreeMap::from([(x, 1), (y, 2)]))
         .await
         .unwrap_err();
-    assert_eq!(api_code(&e), "ROOT_REF_OVERFLOW");
+    assert_eq!(api_code(&e), "NODE_CONFLICT");
     let after = client.list_root_refs(&sa, 100, None).await?;
     assert_eq!(after.revision, 2, "no refused update took a revision");
     assert_eq!(balances(&after), balances(&before));
@@ -565,7 +581,6 @@ async fn root_refs(b: Backend) -> anyhow::Result<()> {
         json!({"requestId": "", "changes": {x.to_string(): 1}}).to_string(),
         json!({"requestId": "ok", "changes": {x.to_string(): 1.5}}).to_string(),
         json!({"requestId": "ok", "changes": {"ABC": 1}}).to_string(),
-        json!({"requestId": "ok", "changes": {x.to_string(): 1}, "extra": 1}).to_string(),
         format!("{{\"requestId\":\"ok\",\"changes\":{{\"{x}\":1,\"{x}\":2}}}}"),
     ] {
         let r = http()
@@ -582,6 +597,101 @@ async fn root_refs(b: Backend) -> anyhow::Result<()> {
             "INVALID_REQUEST"
         );
     }
+    // Fields this service does not know are ignored, as the public contract allows.
+    let r = http()
+        .post(format!("{}/v1/cas/root-refs", server.url))
+        .query(&[("appId", "hub"), ("spaceId", "a")])
+        .bearer_auth(&token)
+        .json(&json!({"requestId": "extra", "changes": {x.to_string(): 1}, "extra": 1}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await?["success"], true);
+    Ok(())
+}
+
+/// Browser clients: the data plane answers CORS preflights from the allowed origins and
+/// exposes the headers a client reads; the admin plane answers none. Lease bodies accept
+/// unknown fields and refuse a zero duration.
+async fn browser_clients_and_lenient_bodies(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let sp = space("s");
+    let (h, bytes) = leaf(b"read from a page");
+    let preflight = |server: &Server, path: &str, origin: &'static str| {
+        http()
+            .request(reqwest::Method::OPTIONS, format!("{}{path}", server.url))
+            .header("origin", origin)
+            .header("access-control-request-method", "GET")
+            .header("access-control-request-headers", "authorization, range")
+            .send()
+    };
+    let node_path = format!("/v1/cas/nodes/{h}?appId=hub&spaceId=s");
+    {
+        let server = env.start()?;
+        let client = app.client(&server);
+        client.ensure_node(&sp, &h, &bytes, LEASE).await?;
+        let r = preflight(&server, &node_path, "https://pages.example").await?;
+        assert!(r.status().is_success(), "{}", r.status());
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+        let allowed = r.headers()["access-control-allow-headers"]
+            .to_str()?
+            .to_lowercase();
+        assert!(
+            allowed.contains("authorization") && allowed.contains("range"),
+            "{allowed}"
+        );
+        assert!(
+            r.headers()
+                .get("access-control-allow-credentials")
+                .is_none()
+        );
+        let r = http()
+            .get(format!("{}{node_path}", server.url))
+            .header("origin", "https://pages.example")
+            .bearer_auth(app.token(&sp, &["cas:nodes:read"]))
+            .send()
+            .await?;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+        let exposed = r.headers()["access-control-expose-headers"]
+            .to_str()?
+            .to_lowercase();
+        assert!(
+            exposed.contains("x-cas-refs") && exposed.contains("content-range"),
+            "{exposed}"
+        );
+        // The admin plane (cookies) never answers cross-origin.
+        let r = preflight(&server, "/admin/session", "https://pages.example").await?;
+        assert!(r.headers().get("access-control-allow-origin").is_none());
+
+        let lease = |body: serde_json::Value| {
+            http()
+                .post(format!("{}/v1/cas/nodes/{h}/lease", server.url))
+                .query(&[("appId", "hub"), ("spaceId", "s")])
+                .bearer_auth(app.token(&sp, &["cas:nodes:lease"]))
+                .json(&body)
+                .send()
+        };
+        let r = lease(json!({"leaseDurationMs": 60_000, "clientHint": "x"})).await?;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<serde_json::Value>().await?["state"], "ready");
+        let r = lease(json!({"leaseDurationMs": 0})).await?;
+        assert_eq!(r.status(), 400);
+        assert_eq!(
+            r.json::<serde_json::Value>().await?["error"],
+            "INVALID_REQUEST"
+        );
+    }
+    // Only the listed origins.
+    let server = env.start_with(&[("UNICAS_CORS_ORIGINS", "https://a.example")])?;
+    let r = preflight(&server, &node_path, "https://a.example").await?;
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://a.example"
+    );
+    let r = preflight(&server, &node_path, "https://b.example").await?;
+    assert!(r.headers().get("access-control-allow-origin").is_none());
     Ok(())
 }
 
@@ -720,4 +830,5 @@ e2e!(
     root_refs,
     root_ref_pages_are_stable,
     usage_matches_a_recount,
+    browser_clients_and_lenient_bodies,
 );

@@ -169,7 +169,7 @@ async fn marked_node_comes_back_by_reupload(b: Backend) -> anyhow::Result<()> {
         .update_root_refs(&sp, &rid("too-early"), BTreeMap::from([(x, 1)]))
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Some("ROOT_REF_NODE_NOT_READY"));
+    assert_eq!(e.code(), Some("NODE_NOT_READY"));
     let (parent, parent_b) = node("application/x-test", &[x], b"parent");
     let r = client.ensure_node(&sp, &parent, &parent_b, 60_000).await?;
     assert_eq!(r.state, Ensured::AwaitingChildren(vec![x]));

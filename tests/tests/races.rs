@@ -139,10 +139,7 @@ impl Model {
 }
 
 fn is_gone(e: &ClientError) -> bool {
-    matches!(
-        e.code(),
-        Some("ROOT_REF_UNKNOWN_NODE" | "ROOT_REF_NODE_NOT_READY")
-    )
+    matches!(e.code(), Some("NODE_NOT_FOUND" | "NODE_NOT_READY"))
 }
 
 async fn store(

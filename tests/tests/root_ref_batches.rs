@@ -94,10 +94,10 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
         let (i, id, changes, answer) = t.await??;
         match (i % 8, answer) {
             (7, Err(ClientError::Api { code, .. })) => {
-                assert_eq!(code, "ROOT_REF_NEGATIVE", "update {i}")
+                assert_eq!(code, "NEGATIVE_AGGREGATE", "update {i}")
             }
             (6, Err(ClientError::Api { code, .. })) => {
-                assert_eq!(code, "ROOT_REF_UNKNOWN_NODE", "update {i}")
+                assert_eq!(code, "NODE_NOT_FOUND", "update {i}")
             }
             (2 | 4, Err(ClientError::Api { code, .. })) if code == "IDEMPOTENCY_CONFLICT" => {
                 conflicts += 1

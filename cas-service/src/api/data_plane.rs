@@ -96,7 +96,7 @@ impl Service {
     params(("hash" = String, Path, description = "64 lowercase hex characters"), PartitionQuery,
            ("range" = Option<String>, Header, description = "One range: `bytes=a-b`, `bytes=a-` or `bytes=-n`")),
     responses(
-        (status = 200, description = "The own content", content_type = "application/octet-stream"),
+        (status = 200, description = "The own content, served as the node's own content type; `X-CAS-Refs`: its ordered child hashes, comma-separated (empty for none)", content_type = "*/*"),
         (status = 206, description = "One range of it; `Content-Range` says which"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "Unknown or not ready", body = ErrorBody),
@@ -119,7 +119,7 @@ pub async fn get_node(
         Err(ReadError::Unsatisfiable(u)) => {
             let mut r = ApiError::new(
                 StatusCode::RANGE_NOT_SATISFIABLE,
-                "RANGE_NOT_SATISFIABLE",
+                "INVALID_REQUEST",
                 format!("the node has {} bytes", u.size),
             )
             .into_response();
@@ -136,9 +136,21 @@ pub async fn get_node(
         Some((start, end)) => (StatusCode::PARTIAL_CONTENT, end - start),
         None => (StatusCode::OK, size),
     };
+    // The ordered child hashes (empty for a leaf), and the node's own content type: what an
+    // upstream client reads to rebuild the node. The type passed validation as a media type;
+    // one that is not a valid header value is served as bytes.
+    let refs = if content.row.ref_count > 0 {
+        svc.meta.node_refs(&q.app_id, &q.space_id, &hash).await?
+    } else {
+        Vec::new()
+    };
+    let refs: Vec<String> = refs.iter().map(|h| h.to_hex()).collect();
+    let content_type = HeaderValue::from_str(&content.row.content_type)
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
     let mut builder = Response::builder()
         .status(status)
-        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_TYPE, content_type)
+        .header("x-cas-refs", refs.join(","))
         .header(header::CONTENT_LENGTH, len)
         .header(header::ACCEPT_RANGES, "bytes")
         .header(header::ETAG, format!("\"{hash}\""))
@@ -228,6 +240,7 @@ pub async fn lease(
     svc.authorize(&headers, &q.app_id, &q.space_id, permission::NODES_LEASE)
         .await?;
     let req: LeaseRequest = parse_json(&bounded_bytes(body, limit).await?)?;
+    crate::lease::check_lease_duration(req.lease_duration_ms)?;
     let r = svc
         .lease(
             &q.app_id,
@@ -331,8 +344,9 @@ pub async fn gc(
     responses(
         (status = 200, body = RootRefUpdateResponse),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
-        (status = 409, description = "IDEMPOTENCY_CONFLICT, ROOT_REF_UNKNOWN_NODE, ROOT_REF_NODE_NOT_READY, ROOT_REF_NEGATIVE, ROOT_REF_OVERFLOW", body = ErrorBody),
-        (status = 413, description = "More than 1000 changes", body = ErrorBody),
+        (status = 404, description = "NODE_NOT_FOUND: a hash names no node of the Space", body = ErrorBody),
+        (status = 409, description = "IDEMPOTENCY_CONFLICT, NODE_NOT_READY, NEGATIVE_AGGREGATE, NODE_CONFLICT (a count would exceed 2^53 - 1)", body = ErrorBody),
+        (status = 413, description = "PAYLOAD_TOO_LARGE: more than 1000 changes", body = ErrorBody),
     ),
     security(("capability" = []))
 )]

@@ -30,7 +30,7 @@ fn query_message(text: &str) -> String {
         .to_string()
 }
 
-/// The `{hash}` path segment, refused with 400 INVALID_HASH unless it is 64 lowercase hex.
+/// The `{hash}` path segment, refused with 400 INVALID_REQUEST unless it is 64 lowercase hex.
 #[derive(Debug, Clone, Copy)]
 pub struct HashPath(pub Hash);
 
@@ -44,7 +44,7 @@ impl<S: Send + Sync> FromRequestParts<S> for HashPath {
                 .map_err(|_| ApiError::invalid("invalid path"))?;
         raw.parse()
             .map(HashPath)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_HASH", e.to_string()))
+            .map_err(|e| ApiError::invalid(format!("the hash in the path: {e}")))
     }
 }
 

@@ -1,5 +1,6 @@
 //! The HTTP surface: routes, the OpenAPI document generated from them, and the layers every
-//! route passes (a tracing span, metrics, per-address rate limiting, body limits).
+//! route passes (a tracing span, metrics, per-address rate limiting, body limits, and CORS for
+//! the data plane).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use axum::{Extension, Json, Router};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::PeerIpKeyExtractor;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -19,6 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::Service;
+use crate::config::Cors;
 use crate::error::ApiError;
 
 pub mod data_plane;
@@ -183,7 +186,10 @@ pub fn router(svc: Service) -> Router {
     if serve_metrics {
         routes = routes.routes(routes!(metrics));
     }
-    let (data_plane, mut openapi) = routes.split_for_parts();
+    let (mut data_plane, mut openapi) = routes.split_for_parts();
+    if let Some(cors) = cors_layer(&svc.config) {
+        data_plane = data_plane.layer(cors);
+    }
     openapi.info.version = env!("CARGO_PKG_VERSION").to_string();
     let openapi = Arc::new(openapi);
     let json_limit = match svc.config.json_body_limit {
@@ -212,6 +218,44 @@ pub fn router(svc: Service) -> Router {
         app = app.layer(ip_rate_limit(svc.config.rate_limit_per_ip));
     }
     app
+}
+
+/// Cross-origin access to the data plane for browser clients (`cors_origins`): preflights
+/// are answered, and the headers a client reads (children, ranges, retry hints) are exposed.
+/// Credentials are never allowed: the data plane is authorized by the bearer capability.
+fn cors_layer(config: &crate::config::Config) -> Option<CorsLayer> {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    let origins = match config.cors().ok()? {
+        Cors::Off => return None,
+        Cors::AnyOrigin => AllowOrigin::any(),
+        Cors::Origins(list) => AllowOrigin::list(
+            list.iter()
+                .filter_map(|o| HeaderValue::from_str(o).ok())
+                .collect::<Vec<_>>(),
+        ),
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(origins)
+            .allow_methods([Method::GET, Method::POST, Method::PUT])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::RANGE,
+                header::IF_NONE_MATCH,
+                HeaderName::from_static("idempotency-key"),
+            ])
+            .expose_headers([
+                HeaderName::from_static("x-cas-refs"),
+                HeaderName::from_static("x-unicas-content-type"),
+                header::CONTENT_RANGE,
+                header::CONTENT_LENGTH,
+                header::ACCEPT_RANGES,
+                header::ETAG,
+                header::RETRY_AFTER,
+            ])
+            .max_age(std::time::Duration::from_secs(600)),
+    )
 }
 
 /// Per-address rate limiting: `per_second` requests per second with bursts of twice that.
