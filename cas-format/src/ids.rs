@@ -1,6 +1,8 @@
 //! Identifiers that validate themselves when parsed: an invalid one cannot exist past the edge.
 //!
-//! - `AppId`, `SpaceId`: 1–128 characters of `[A-Za-z0-9._-]`.
+//! - `AppId`: 1–128 characters of `[A-Za-z0-9._-]`.
+//! - `SpaceId`: the same, or a path as the public UniCAS contract has Spaces: `/seg(/seg)*`,
+//!   each segment `[A-Za-z0-9_-]+`, at most 256 characters (`/team/notes`).
 //! - `RequestId`: 1–256 bytes of printable ASCII without spaces (`0x21..=0x7e`), so colons are
 //!   welcome: `doc:42:version:7:add-refs`.
 
@@ -24,10 +26,39 @@ pub enum IdError {
         found: char,
         position: usize,
     },
+    #[error("a path Space is /segment(/segment)* with segments of [A-Za-z0-9_-]: {0}")]
+    Path(&'static str),
+}
+
+/// Checks that `s` is 1..=`max` characters, each allowed by `ok`.
+fn check_chars(
+    s: &str,
+    what: &'static str,
+    max: usize,
+    allowed: &'static str,
+    ok: fn(char) -> bool,
+) -> Result<(), IdError> {
+    if let Some((position, found)) = s.chars().enumerate().find(|(_, c)| !ok(*c)) {
+        return Err(IdError::Character {
+            what,
+            allowed,
+            found,
+            position,
+        });
+    }
+    if s.is_empty() || s.len() > max {
+        return Err(IdError::Length {
+            what,
+            min: 1,
+            max,
+            len: s.len(),
+        });
+    }
+    Ok(())
 }
 
 macro_rules! identifier {
-    ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal, $allowed:literal, $ok:expr) => {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal, $allowed:literal, $check:expr) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -49,23 +80,8 @@ macro_rules! identifier {
             type Err = IdError;
 
             fn from_str(s: &str) -> Result<Self, IdError> {
-                let ok: fn(char) -> bool = $ok;
-                if let Some((position, found)) = s.chars().enumerate().find(|(_, c)| !ok(*c)) {
-                    return Err(IdError::Character {
-                        what: $what,
-                        allowed: $allowed,
-                        found,
-                        position,
-                    });
-                }
-                if s.is_empty() || s.len() > $max {
-                    return Err(IdError::Length {
-                        what: $what,
-                        min: 1,
-                        max: $max,
-                        len: s.len(),
-                    });
-                }
+                let check: fn(&str) -> Result<(), IdError> = $check;
+                check(s)?;
                 Ok($name(s.to_string()))
             }
         }
@@ -129,18 +145,83 @@ fn id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
+fn path_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-')
+}
+
+/// A path Space: `/seg(/seg)*`, segments of [`path_char`], at most 256 characters.
+fn check_path(s: &str) -> Result<(), IdError> {
+    if s.len() > SpaceId::MAX_LEN {
+        return Err(IdError::Length {
+            what: "spaceId",
+            min: 2,
+            max: SpaceId::MAX_LEN,
+            len: s.len(),
+        });
+    }
+    let rest = s
+        .strip_prefix('/')
+        .ok_or(IdError::Path("it starts with /"))?;
+    for segment in rest.split('/') {
+        if segment.is_empty() {
+            return Err(IdError::Path("a segment is empty"));
+        }
+        check_chars(
+            segment,
+            "a Space path segment",
+            256,
+            "[A-Za-z0-9_-]",
+            path_char,
+        )?;
+    }
+    Ok(())
+}
+
 identifier!(
     /// An App: the top-level trust and storage namespace.
-    AppId, "appId", 128, "[A-Za-z0-9._-]", id_char
+    AppId, "appId", 128, "[A-Za-z0-9._-]",
+    |s| check_chars(s, "appId", 128, "[A-Za-z0-9._-]", id_char)
 );
 identifier!(
-    /// A Space: a data-ownership partition inside an App.
-    SpaceId, "spaceId", 128, "[A-Za-z0-9._-]", id_char
+    /// A Space: a data-ownership partition inside an App: a plain id, or a path.
+    SpaceId, "spaceId", 256, "[A-Za-z0-9._-]{1,128}, or a path /seg(/seg)* of [A-Za-z0-9_-] segments",
+    |s| if s.starts_with('/') {
+        check_path(s)
+    } else {
+        check_chars(s, "spaceId", 128, "[A-Za-z0-9._-]", id_char)
+    }
 );
 identifier!(
     /// The idempotency key of a root-ref update.
-    RequestId, "requestId", 256, "printable ASCII without spaces", |c| ('!'..='~').contains(&c)
+    RequestId, "requestId", 256, "printable ASCII without spaces",
+    |s| check_chars(s, "requestId", 256, "printable ASCII without spaces", |c| ('!'..='~').contains(&c))
 );
+
+impl SpaceId {
+    /// Whether this is a path Space (`/team/notes`).
+    pub fn is_path(&self) -> bool {
+        self.0.starts_with('/')
+    }
+
+    /// The Space as one component of a storage key or file name: a plain id as it is; a path
+    /// with `/` written as `~` (which no plain id holds), so `/team/notes` is `~team~notes`.
+    pub fn key_component(&self) -> std::borrow::Cow<'_, str> {
+        if self.is_path() {
+            self.0.replace('/', "~").into()
+        } else {
+            self.0.as_str().into()
+        }
+    }
+
+    /// The Space of a [`SpaceId::key_component`].
+    pub fn from_key_component(s: &str) -> Result<Self, IdError> {
+        if s.starts_with('~') {
+            s.replace('~', "/").parse()
+        } else {
+            s.parse()
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -155,6 +236,37 @@ mod tests {
         assert!("é".parse::<SpaceId>().is_err());
         assert!("x".repeat(128).parse::<SpaceId>().is_ok());
         assert!("x".repeat(129).parse::<SpaceId>().is_err());
+        // Paths, as the public contract has Spaces.
+        for ok in [
+            "/team",
+            "/team/notes",
+            "/a_b/c-d/E9",
+            &format!("/{}", "x".repeat(255)),
+        ] {
+            let sp: SpaceId = ok.parse().unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert!(sp.is_path());
+            let key = sp.key_component();
+            assert!(!key.contains('/'), "{key}");
+            assert_eq!(SpaceId::from_key_component(&key).unwrap(), sp);
+        }
+        for bad in [
+            "/",
+            "//",
+            "/a//b",
+            "/a/",
+            "/a.b",
+            "/a/b c",
+            "/é",
+            "/a/~",
+            "~a",
+            &format!("/{}", "x".repeat(256)),
+        ] {
+            assert!(bad.parse::<SpaceId>().is_err(), "{bad}");
+        }
+        let plain: SpaceId = "a.b".parse().unwrap();
+        assert!(!plain.is_path());
+        assert_eq!(plain.key_component(), "a.b");
+        assert_eq!(SpaceId::from_key_component("a.b").unwrap(), plain);
         assert!("doc:42:version:7:add-refs".parse::<RequestId>().is_ok());
         assert!("has space".parse::<RequestId>().is_err());
         assert!("tab\t".parse::<RequestId>().is_err());

@@ -4,7 +4,8 @@
 //! and never an HMAC algorithm); its `iss` maps to exactly one App, which must equal the
 //! query's `appId`; `aud` must be the data-plane audience; `exp`, `nbf` and `iat` are checked
 //! with a small leeway; one of its `grants` must select the query's `spaceId` and hold the exact
-//! permission; a suspended App is refused. The issuer registry is cached and fails closed
+//! permission (both claim shapes, this service's and the public contract's `ver: 2`, are in
+//! `crate::capability`); a suspended App is refused. The issuer registry is cached and fails closed
 //! when it cannot be refreshed for twice its cache time.
 //!
 //! Signature checks dominate the cost of a request that is otherwise a cached read, and a
@@ -27,6 +28,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::capability::{Access, Claims, UPSTREAM_TYP};
 use crate::error::ApiError;
 use crate::meta::MetaStore;
 
@@ -236,30 +238,11 @@ impl Registry {
 }
 
 #[derive(Debug, Deserialize)]
-struct Grant {
-    #[serde(rename = "spaceId")]
-    space_id: String,
-    permissions: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Claims {
-    iss: String,
-    exp: i64,
-    #[serde(default)]
-    sub: Option<String>,
-    #[serde(default)]
-    iat: Option<i64>,
-    #[serde(default)]
-    nbf: Option<i64>,
-    #[serde(default)]
-    grants: Vec<Grant>,
-}
-
-#[derive(Debug, Deserialize)]
 struct PeekHeader {
     alg: Option<String>,
     kid: Option<String>,
+    #[serde(default)]
+    typ: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,6 +257,10 @@ pub struct Capability {
     pub space: SpaceId,
     /// Who acts: the token's `sub`, else its issuer.
     pub actor: String,
+    /// Of the public contract's shape (`ver: 2`).
+    pub upstream: bool,
+    /// The root-ref domain it names, when that is a valid one.
+    pub ref_domain: Option<String>,
 }
 
 /// The one answer to every token that does not verify, whatever the reason (malformed, unknown
@@ -402,6 +389,18 @@ async fn verify_signature(
             _ => invalid("cannot be verified"),
         })?
         .claims;
+    // The public contract's capabilities are ES256 and say what they are.
+    if claims.upstream().map_err(invalid)? {
+        if alg != Algorithm::ES256 {
+            return Err(ApiError::forbidden(
+                "unsupported_algorithm",
+                "a version 2 capability is signed with ES256",
+            ));
+        }
+        if header.typ.as_deref() != Some(UPSTREAM_TYP) {
+            return Err(invalid("a version 2 capability has typ unidocs-cap+jwt"));
+        }
+    }
     Ok((issuer, app_auth, claims))
 }
 
@@ -450,21 +449,26 @@ fn authorize(
     if app_auth.suspended {
         return Err(ApiError::forbidden("APP_SUSPENDED", "the App is suspended"));
     }
-    let Some(grant) = claims.grants.iter().find(|g| g.space_id == space.as_str()) else {
-        return Err(ApiError::forbidden(
-            "resource_scope_mismatch",
-            "the token grants nothing in this Space",
-        ));
-    };
-    if !grant.permissions.iter().any(|p| p == permission) {
-        return Err(ApiError::forbidden(
-            "insufficient_permission",
-            format!("the token's grant lacks {permission}"),
-        ));
+    match claims.access(space, permission) {
+        Access::Granted => {}
+        Access::NotSelected => {
+            return Err(ApiError::forbidden(
+                "resource_scope_mismatch",
+                "the token grants nothing in this Space",
+            ));
+        }
+        Access::WithoutPermission => {
+            return Err(ApiError::forbidden(
+                "insufficient_permission",
+                format!("the token's grant lacks {permission}"),
+            ));
+        }
     }
     Ok(Capability {
         app: app.clone(),
         space: space.clone(),
         actor: claims.sub.clone().unwrap_or_else(|| claims.iss.clone()),
+        upstream: claims.upstream().unwrap_or(false),
+        ref_domain: claims.ref_domain().map(str::to_string),
     })
 }

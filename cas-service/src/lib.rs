@@ -20,6 +20,7 @@ pub mod api;
 pub mod auth;
 mod base64_runs;
 pub mod blob;
+pub mod capability;
 pub mod cli;
 pub mod config;
 pub mod delta;

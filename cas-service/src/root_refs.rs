@@ -130,6 +130,21 @@ pub fn check_changes(changes: &BTreeMap<Hash, i64>) -> ApiResult<Hash> {
     Ok(Hash::digest(&canonical))
 }
 
+/// Root refs are kept in one domain here, the one capabilities of this service's own shape
+/// use. A capability of the public contract's shape names its `refDomain`: without a valid
+/// one it is refused, as the contract requires; with one it is refused as well, because
+/// balances per domain are not kept yet (sharing the default domain would mix them).
+pub fn check_ref_domain(cap: &crate::auth::Capability) -> ApiResult<()> {
+    if !cap.upstream {
+        return Ok(());
+    }
+    let message = match &cap.ref_domain {
+        None => "a version 2 capability needs a valid refDomain for root refs".to_string(),
+        Some(d) => format!("root refs of refDomain {d} are not kept by this server"),
+    };
+    Err(ApiError::forbidden("ROOT_REF_INVALID", message))
+}
+
 /// The answer to a refused update.
 pub fn rejection(r: RootRefRejection) -> ApiError {
     match r {

@@ -365,6 +365,7 @@ pub async fn update_root_refs(
             permission::ROOT_REFS_UPDATE,
         )
         .await?;
+    crate::root_refs::check_ref_domain(&cap)?;
     let bytes = bounded_bytes(body, limit).await?;
     if bytes.is_empty() {
         return Err(ApiError::invalid(
@@ -390,8 +391,10 @@ pub async fn list_root_refs(
     Q(q): Q<RootRefsQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Json<RootRefPage>> {
-    svc.authorize(&headers, &q.app_id, &q.space_id, permission::ROOT_REFS_READ)
+    let cap = svc
+        .authorize(&headers, &q.app_id, &q.space_id, permission::ROOT_REFS_READ)
         .await?;
+    crate::root_refs::check_ref_domain(&cap)?;
     let limit = q.limit.unwrap_or(ROOT_REFS_DEFAULT_LIMIT);
     if !(1..=ROOT_REFS_MAX_LIMIT).contains(&limit) {
         return Err(ApiError::invalid(format!(

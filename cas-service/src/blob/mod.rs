@@ -118,30 +118,40 @@ pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> +
 /// The key of a node's content object.
 pub fn node_key(app: &AppId, space: &SpaceId, hash: &Hash, generation: &str) -> String {
     let hex = hash.to_hex();
+    let space = space.key_component();
     format!(
         "app.{app}/space.{space}/nodes/{}/{hex}.{generation}",
         &hex[..2]
     )
 }
 
+/// The key component of a Space (`space.<id>`; a path Space with `/` written as `~`).
+pub fn space_component(space: &SpaceId) -> String {
+    format!("space.{}", space.key_component())
+}
+
+fn parse_space(component: &str) -> Option<SpaceId> {
+    SpaceId::from_key_component(component.strip_prefix("space.")?).ok()
+}
+
 /// The prefix of every node object of a partition.
 pub fn node_prefix(app: &AppId, space: Option<&SpaceId>) -> String {
     match space {
-        Some(space) => format!("app.{app}/space.{space}/nodes/"),
+        Some(space) => format!("app.{app}/{}/nodes/", space_component(space)),
         None => format!("app.{app}/"),
     }
 }
 
 /// The key of a pack object.
 pub fn pack_key(app: &AppId, space: &SpaceId, pack_id: &str) -> String {
-    format!("app.{app}/space.{space}/packs/{pack_id}")
+    format!("app.{app}/{}/packs/{pack_id}", space_component(space))
 }
 
 /// Parses a pack key back into (app, space, pack id).
 pub fn parse_pack_key(key: &str) -> Option<(AppId, SpaceId, String)> {
     let mut parts = key.split('/');
     let app = parts.next()?.strip_prefix("app.")?.parse().ok()?;
-    let space = parts.next()?.strip_prefix("space.")?.parse().ok()?;
+    let space = parse_space(parts.next()?)?;
     if parts.next()? != "packs" {
         return None;
     }
@@ -154,14 +164,14 @@ pub fn parse_pack_key(key: &str) -> Option<(AppId, SpaceId, String)> {
 
 /// The key of an upload generation's temporary object.
 pub fn upload_key(app: &AppId, space: &SpaceId, generation: &str) -> String {
-    format!("uploads/app.{app}/space.{space}/{generation}")
+    format!("uploads/app.{app}/{}/{generation}", space_component(space))
 }
 
 /// Parses a node key back into (app, space, hash, generation).
 pub fn parse_node_key(key: &str) -> Option<(AppId, SpaceId, Hash, String)> {
     let mut parts = key.split('/');
     let app = parts.next()?.strip_prefix("app.")?.parse().ok()?;
-    let space = parts.next()?.strip_prefix("space.")?.parse().ok()?;
+    let space = parse_space(parts.next()?)?;
     if parts.next()? != "nodes" {
         return None;
     }
@@ -518,8 +528,29 @@ mod tests {
         );
         assert_eq!(parse_node_key("app.a/space.b/nodes/zz/x.y"), None);
         let pack = pack_key(&app, &space, "01J0");
-        assert_eq!(parse_pack_key(&pack), Some((app, space, "01J0".into())));
+        assert_eq!(
+            parse_pack_key(&pack),
+            Some((app.clone(), space, "01J0".into()))
+        );
         assert_eq!(parse_node_key(&pack), None);
         assert_eq!(parse_pack_key("app.a/space.b/packs/../x"), None);
+        // A path Space is one component of its keys.
+        let path: SpaceId = "/team/notes".parse().unwrap();
+        let key = node_key(&app, &path, &h, "01J0");
+        assert!(key.starts_with("app.../space.~team~notes/nodes/"), "{key}");
+        assert_eq!(
+            parse_node_key(&key),
+            Some((app.clone(), path.clone(), h, "01J0".into()))
+        );
+        let pack = pack_key(&app, &path, "01J0");
+        assert_eq!(
+            parse_pack_key(&pack),
+            Some((app.clone(), path.clone(), "01J0".into()))
+        );
+        assert_eq!(
+            upload_key(&app, &path, "01J0"),
+            "uploads/app.../space.~team~notes/01J0"
+        );
+        assert!(node_prefix(&app, Some(&path)).ends_with("space.~team~notes/nodes/"));
     }
 }

@@ -462,10 +462,10 @@ impl Service {
                 .get(generation)
                 .is_some_and(|(space, g)| upload_key(app, space, &g.gen_id) == o.key);
             if known
-                || opts
-                    .space
-                    .as_ref()
-                    .is_some_and(|s| !o.key.contains(&format!("/space.{s}/")))
+                || opts.space.as_ref().is_some_and(|s| {
+                    !o.key
+                        .contains(&format!("/{}/", crate::blob::space_component(s)))
+                })
             {
                 continue;
             }

@@ -1,0 +1,214 @@
+//! Requests as a client of the public UniCAS Space API sends them: version 2 capabilities
+//! (ES256, `typ: unidocs-cap+jwt`, grants by selector) on path Spaces, over raw HTTP.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+use tests::*;
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Version 2 claims granting `permissions` on `selector`.
+fn v2_claims(app: &TestApp, selector: &str, permissions: &[&str]) -> Value {
+    json!({
+        "ver": 2, "iss": app.issuer, "sub": "user-7", "jti": format!("j-{}", now()),
+        "aud": "unicas", "iat": now(), "exp": now() + 300, "refDomain": "docs",
+        "grants": [{"selector": selector, "permissions": permissions}],
+    })
+}
+
+fn sign(app: &TestApp, typ: Option<&str>, claims: &Value) -> String {
+    let mut h = Header::new(Algorithm::ES256);
+    h.kid = Some(app.kid.clone());
+    h.typ = typ.map(str::to_string);
+    let key = EncodingKey::from_ec_pem(app.key.private_pem.as_bytes()).expect("ES256 key");
+    jsonwebtoken::encode(&h, claims, &key).expect("sign")
+}
+
+const ALL: &[&str] = &[
+    "cas:nodes:read",
+    "cas:nodes:lease",
+    "cas:usage:read",
+    "cas:gc:execute",
+    "cas:root-refs:read",
+    "cas:root-refs:update",
+];
+
+/// Upload, publish and read a parent and its child in `/team/notes` with a `/team/**`
+/// capability; the selectors' limits, the claims a version 2 token must carry, and the
+/// root-ref routes' refusal without a domain this server keeps.
+async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app_with("up", "ES256")?;
+    let server = env.start()?;
+    let web = reqwest::Client::new();
+    let token = sign(
+        &app,
+        Some("unidocs-cap+jwt"),
+        &v2_claims(&app, "/team/**", ALL),
+    );
+    let q = |space: &str| vec![("appId", "up".to_string()), ("spaceId", space.to_string())];
+    let lease = |hash: cas_format::Hash, token: String, space: &'static str| {
+        web.post(format!("{}/v1/cas/nodes/{hash}/lease", server.url))
+            .query(&q(space))
+            .bearer_auth(token)
+            .json(&json!({"leaseDurationMs": 600_000, "clientTrace": "ignored"}))
+            .send()
+    };
+    let (child, child_bytes) = leaf(b"a cell of the notebook");
+    let (parent, parent_bytes) = node("text/markdown", &[child], b"# notes\n");
+    for (h, bytes) in [(child, &child_bytes), (parent, &parent_bytes)] {
+        let r = lease(h, token.clone(), "/team/notes").await?;
+        assert_eq!(r.status(), 200);
+        let answer: Value = r.json().await?;
+        assert_eq!(answer["state"], "awaiting_upload", "{answer}");
+        let url = answer["upload"]["url"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let mut put = web.put(&url).body(bytes.to_vec());
+        for (k, v) in answer["upload"]["headers"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            put = put.header(k.as_str(), v.as_str().unwrap_or_default());
+        }
+        assert!(put.send().await?.status().is_success());
+        let r = lease(h, token.clone(), "/team/notes").await?;
+        let answer: Value = r.json().await?;
+        assert_eq!(answer["state"], "ready", "{answer}");
+    }
+    let r = web
+        .get(format!("{}/v1/cas/nodes/{parent}", server.url))
+        .query(&q("/team/notes"))
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/markdown");
+    assert_eq!(r.headers()["x-cas-refs"], child.to_hex().as_str());
+    assert_eq!(&r.bytes().await?[..], b"# notes\n");
+    let get = |path: &str, space: &'static str, token: &str| {
+        web.get(format!("{}{path}", server.url))
+            .query(&q(space))
+            .bearer_auth(token)
+            .send()
+    };
+    let r = get(
+        &format!("/v1/cas/nodes/{child}/metadata"),
+        "/team/notes",
+        &token,
+    )
+    .await?;
+    assert_eq!(r.status(), 200);
+    let usage: Value = get("/v1/cas/usage", "/team/notes", &token)
+        .await?
+        .json()
+        .await?;
+    assert_eq!(usage["nodeCount"], 2, "{usage}");
+    // Another Space below the selector is another partition.
+    let usage: Value = get("/v1/cas/usage", "/team/other", &token)
+        .await?
+        .json()
+        .await?;
+    assert_eq!(usage["nodeCount"], 0, "{usage}");
+
+    // What the selector does not cover, and a grant without the permission.
+    for (space, code) in [
+        ("/team", "resource_scope_mismatch"),
+        ("/elsewhere/x", "resource_scope_mismatch"),
+    ] {
+        let r = get("/v1/cas/usage", space, &token).await?;
+        assert_eq!(r.status(), 403, "{space}");
+        assert_eq!(r.json::<Value>().await?["error"], code, "{space}");
+    }
+    let prefix = sign(
+        &app,
+        Some("unidocs-cap+jwt"),
+        &v2_claims(&app, "/team/note*", &["cas:nodes:read"]),
+    );
+    let r = get(
+        &format!("/v1/cas/nodes/{child}/metadata"),
+        "/team/notes",
+        &prefix,
+    )
+    .await?;
+    assert_eq!(r.status(), 200, "a terminal segment prefix");
+    let r = get("/v1/cas/usage", "/team/notes", &prefix).await?;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await?["error"], "insufficient_permission");
+
+    // Root refs: a version 2 capability names its domain; this server keeps only its own.
+    let r = get("/v1/cas/root-refs", "/team/notes", &token).await?;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await?["error"], "ROOT_REF_INVALID");
+    let mut no_domain = v2_claims(&app, "/team/**", ALL);
+    no_domain.as_object_mut().map(|c| c.remove("refDomain"));
+    let r = get(
+        "/v1/cas/root-refs",
+        "/team/notes",
+        &sign(&app, Some("unidocs-cap+jwt"), &no_domain),
+    )
+    .await?;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await?["error"], "ROOT_REF_INVALID");
+
+    // Claims a version 2 capability must carry, and versions this server does not know.
+    let mut no_jti = v2_claims(&app, "/team/**", ALL);
+    no_jti.as_object_mut().map(|c| c.remove("jti"));
+    let mut v3 = v2_claims(&app, "/team/**", ALL);
+    v3["ver"] = json!(3);
+    let mut bad_selector = v2_claims(&app, "/team/**", ALL);
+    bad_selector["grants"] = json!([{"selector": "team", "permissions": ALL}]);
+    for (what, t) in [
+        (
+            "no typ",
+            sign(&app, None, &v2_claims(&app, "/team/**", ALL)),
+        ),
+        ("no jti", sign(&app, Some("unidocs-cap+jwt"), &no_jti)),
+        ("ver 3", sign(&app, Some("unidocs-cap+jwt"), &v3)),
+        (
+            "bad selector",
+            sign(&app, Some("unidocs-cap+jwt"), &bad_selector),
+        ),
+    ] {
+        let r = get("/v1/cas/usage", "/team/notes", &t).await?;
+        assert_eq!(r.status(), 401, "{what}");
+        assert_eq!(r.json::<Value>().await?["error"], "invalid_token", "{what}");
+    }
+    // A path Space in a grant of this service's own shape names it exactly.
+    let own = app.token(
+        &"/team/notes".parse::<cas_format::SpaceId>()?,
+        &["cas:usage:read"],
+    );
+    assert_eq!(
+        get("/v1/cas/usage", "/team/notes", &own).await?.status(),
+        200
+    );
+    assert_eq!(
+        get("/v1/cas/usage", "/team/other", &own).await?.status(),
+        403
+    );
+
+    // A collection pass in the path Space, and a store fsck finds consistent.
+    let r = web
+        .post(format!("{}/v1/cas/gc", server.url))
+        .query(&q("/team/notes"))
+        .bearer_auth(&token)
+        .json(&json!({"maxNodes": 10, "note": "ignored"}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    drop(server);
+    env.assert_consistent("up")?;
+    Ok(())
+}
+
+e2e!(an_upstream_client_works_on_path_spaces);
