@@ -259,16 +259,6 @@ mod tests {
         plain["grants"] = serde_json::json!([{"spaceId": "s", "permissions": ["cas:nodes:read"]}]);
         let plain = claims(plain);
         assert_eq!(plain.upstream(), Ok(false));
-        assert_eq!(plain.access(&sp("s"), "cas:nodes:read"), Access::Granted);
-        assert_eq!(
-            plain.access(&sp("s"), "cas:gc:execute"),
-            Access::WithoutPermission
-        );
-        assert_eq!(
-            plain.access(&sp("t"), "cas:nodes:read"),
-            Access::NotSelected
-        );
-
         let mut v2 = base.clone();
         v2["ver"] = 2.into();
         v2["sub"] = "user".into();
@@ -281,22 +271,22 @@ mod tests {
         let upstream = claims(v2.clone());
         assert_eq!(upstream.upstream(), Ok(true));
         assert_eq!(upstream.ref_domain(), Some("docs"));
-        assert_eq!(
-            upstream.access(&sp("/team/notes"), "cas:gc:execute"),
-            Access::Granted
-        );
-        assert_eq!(
-            upstream.access(&sp("/team/x"), "cas:nodes:read"),
-            Access::Granted
-        );
-        assert_eq!(
-            upstream.access(&sp("/team/x"), "cas:gc:execute"),
-            Access::WithoutPermission
-        );
-        assert_eq!(
-            upstream.access(&sp("/team"), "cas:nodes:read"),
-            Access::NotSelected
-        );
+        let (read, gc) = ("cas:nodes:read", "cas:gc:execute");
+        for (c, space, permission, want) in [
+            (&plain, "s", read, Access::Granted),
+            (&plain, "s", gc, Access::WithoutPermission),
+            (&plain, "t", read, Access::NotSelected),
+            (&upstream, "/team/notes", gc, Access::Granted),
+            (&upstream, "/team/x", read, Access::Granted),
+            (&upstream, "/team/x", gc, Access::WithoutPermission),
+            (&upstream, "/team", read, Access::NotSelected),
+        ] {
+            assert_eq!(
+                c.access(&sp(space), permission),
+                want,
+                "{space} {permission}"
+            );
+        }
 
         let mut no_jti = v2.clone();
         no_jti.as_object_mut().unwrap().remove("jti");

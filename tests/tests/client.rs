@@ -160,6 +160,22 @@ async fn tree_round_trip(b: Backend) -> anyhow::Result<()> {
         out2.to_str().unwrap(),
     ]));
     diff(&dir, &out2);
+    // The same tree in a path Space, as the public contract names Spaces: another partition.
+    let in_path = |args: &[&str]| unicas(&server.url, &app, "/team/notes", args);
+    let pathed = json(in_path(&["--json", "tree", "put", dir.to_str().unwrap()]));
+    assert_eq!(pathed["hash"], edited["hash"]);
+    assert!(
+        pathed["uploadedBytes"].as_u64().unwrap() > 12 << 20,
+        "{pathed}"
+    );
+    let out3 = env.dir.path().join("out3");
+    ok(in_path(&[
+        "tree",
+        "get",
+        pathed["hash"].as_str().unwrap(),
+        out3.to_str().unwrap(),
+    ]));
+    diff(&dir, &out3);
 
     // Files on their own.
     let put = json(run(&["--json", "put", big.to_str().unwrap()]));
