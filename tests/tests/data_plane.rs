@@ -661,9 +661,24 @@ async fn browser_clients_and_lenient_bodies(b: Backend) -> anyhow::Result<()> {
             exposed.contains("x-cas-refs") && exposed.contains("content-range"),
             "{exposed}"
         );
-        // The admin plane (cookies) never answers cross-origin.
-        let r = preflight(&server, "/admin/session", "https://pages.example").await?;
-        assert!(r.headers().get("access-control-allow-origin").is_none());
+        // The admin plane (cookies) and the operations routes (no capability) never answer
+        // cross-origin.
+        for path in ["/admin/session", "/healthz", "/metrics"] {
+            let r = preflight(&server, path, "https://pages.example").await?;
+            assert!(
+                r.headers().get("access-control-allow-origin").is_none(),
+                "{path}"
+            );
+            let r = http()
+                .get(format!("{}{path}", server.url))
+                .header("origin", "https://pages.example")
+                .send()
+                .await?;
+            assert!(
+                r.headers().get("access-control-allow-origin").is_none(),
+                "{path}"
+            );
+        }
 
         let lease = |body: serde_json::Value| {
             http()

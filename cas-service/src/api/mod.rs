@@ -169,7 +169,7 @@ pub fn router(svc: Service) -> Router {
         svc.config.metrics_addr(),
         Ok(crate::config::MetricsListen::Main)
     );
-    let mut routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let mut data_plane_routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(data_plane::get_node))
         .routes(routes!(data_plane::get_metadata))
         .routes(routes!(data_plane::lease))
@@ -180,16 +180,19 @@ pub fn router(svc: Service) -> Router {
             data_plane::update_root_refs,
             data_plane::list_root_refs
         ))
-        .routes(routes!(data_plane::upload))
+        .routes(routes!(data_plane::upload));
+    // Only the data plane answers cross-origin: it needs a capability. Operations routes
+    // (health, metrics) need none, and a page in an operator's browser must not read them.
+    if let Some(cors) = cors_layer(&svc.config) {
+        data_plane_routes = data_plane_routes.layer(cors);
+    }
+    let mut routes = data_plane_routes
         .routes(routes!(healthz))
         .routes(routes!(readyz));
     if serve_metrics {
         routes = routes.routes(routes!(metrics));
     }
-    let (mut data_plane, mut openapi) = routes.split_for_parts();
-    if let Some(cors) = cors_layer(&svc.config) {
-        data_plane = data_plane.layer(cors);
-    }
+    let (data_plane, mut openapi) = routes.split_for_parts();
     openapi.info.version = env!("CARGO_PKG_VERSION").to_string();
     let openapi = Arc::new(openapi);
     let json_limit = match svc.config.json_body_limit {
