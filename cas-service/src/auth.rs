@@ -468,7 +468,7 @@ fn authorize(
         app: app.clone(),
         space: space.clone(),
         actor: claims.sub.clone().unwrap_or_else(|| claims.iss.clone()),
-        upstream: claims.upstream().unwrap_or(false),
+        upstream: claims.is_upstream(),
         ref_domain: claims.ref_domain().map(str::to_string),
     })
 }

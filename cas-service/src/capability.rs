@@ -22,9 +22,27 @@ struct RawGrant {
     #[serde(default, rename = "spaceId")]
     space_id: Option<String>,
     #[serde(default)]
-    selector: Option<String>,
+    selector: Option<ParsedSelector>,
     #[serde(default)]
     permissions: Vec<String>,
+}
+
+/// A grant's selector, parsed once when the token's claims are read (they are cached with the
+/// token); `None` inside when the text is not a selector.
+#[derive(Debug)]
+struct ParsedSelector(Option<Selector>);
+
+impl<'de> Deserialize<'de> for ParsedSelector {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(ParsedSelector(Selector::parse(&text)))
+    }
+}
+
+impl RawGrant {
+    fn selector(&self) -> Option<&Selector> {
+        self.selector.as_ref().and_then(|s| s.0.as_ref())
+    }
 }
 
 /// The claims of a capability whose signature verified.
@@ -143,11 +161,7 @@ impl Claims {
                 if !present(&self.sub) || !present(&self.jti) {
                     return Err("a version 2 capability carries sub and jti");
                 }
-                if self
-                    .grants
-                    .iter()
-                    .any(|g| g.selector.as_deref().and_then(Selector::parse).is_none())
-                {
+                if self.grants.iter().any(|g| g.selector().is_none()) {
                     return Err("a version 2 grant has no valid selector");
                 }
                 Ok(true)
@@ -156,16 +170,17 @@ impl Claims {
         }
     }
 
+    /// Whether the claims carry a version (after [`Claims::upstream`] accepted them: `ver: 2`).
+    pub fn is_upstream(&self) -> bool {
+        self.ver.is_some()
+    }
+
     /// Whether one grant selects `space` and holds `permission`.
     pub fn access(&self, space: &SpaceId, permission: &str) -> Access {
-        let upstream = self.ver.is_some();
         let mut selected = false;
         for g in &self.grants {
-            let selects = if upstream {
-                g.selector
-                    .as_deref()
-                    .and_then(Selector::parse)
-                    .is_some_and(|s| s.selects(space))
+            let selects = if self.is_upstream() {
+                g.selector().is_some_and(|s| s.selects(space))
             } else {
                 g.space_id.as_deref() == Some(space.as_str())
             };

@@ -476,7 +476,8 @@ impl Service {
     }
 
     /// Deletes the object a publication attempt wrote and no row points at (if it wrote one;
-    /// a failure leaves it to the generation's retirement, which knows every attempt).
+    /// a failure leaves it to GC, which the publication or the retirement told of every
+    /// attempt).
     pub(crate) async fn discard_attempt(
         &self,
         app: &AppId,
@@ -484,15 +485,9 @@ impl Service {
         g: &Generation,
         wrote_object: bool,
     ) {
-        if !wrote_object {
-            return;
-        }
-        if let Err(e) = self
-            .blobs
-            .delete(&node_key(app, space, &g.hash, &g.object_name()))
-            .await
-        {
-            tracing::warn!(error = %e, "could not delete the object of an unpublished attempt");
+        if wrote_object {
+            self.delete_logged(&node_key(app, space, &g.hash, &g.object_name()))
+                .await;
         }
     }
 

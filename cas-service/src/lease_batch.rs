@@ -25,7 +25,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::lease::{check_lease_duration, lease_window};
 use crate::materialize::MaterializeError;
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, StoredObject};
-use crate::{Service, failpoint, now_ms};
+use crate::{Service, now_ms};
 
 /// Elements of one batch in flight at once.
 const ELEMENT_CONCURRENCY: usize = 32;
@@ -275,12 +275,6 @@ impl Service {
             let written = self
                 .write_inline_all(app, space, pending, &mut answers)
                 .await;
-            if failpoint::hit("publish.after_object").await {
-                let e =
-                    ApiError::storage_unavailable("publishing", "failpoint publish.after_object");
-                answers.extend(written.iter().map(|s| (s.node.index, Err(e.clone()))));
-                break;
-            }
             match self.finish_inline(app, space, written, one_by_one).await {
                 Ok((done, based_on_gone)) => {
                     answers.extend(done);
