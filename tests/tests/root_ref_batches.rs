@@ -1,15 +1,23 @@
-//! Root-ref updates of one partition are applied together, and nothing of that is visible:
-//! each update keeps its own revision, its own answer and its own place in the balance
-//! history, replays and conflicts are told apart inside a batch as across batches, and a
-//! refused update changes nothing.
+//! Root refs end to end: updates, replays, every refusal, stable balance pages; and updates
+//! of one partition applied together with nothing of that visible: each update keeps its own
+//! revision, its own answer and its own place in the balance history, replays and conflicts
+//! are told apart inside a batch as across batches, and a refused update changes nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cas_client::{ClientError, RetryPolicy};
+use cas_format::wire::RootRefPage;
 use cas_format::{Hash, RequestId};
 use cas_service::meta::RefFilter;
+use serde_json::json;
 use tests::*;
+
+const LEASE: u64 = 60_000;
+
+fn api_code(e: &ClientError) -> String {
+    e.code().unwrap_or("none").to_string()
+}
 
 const NODES: usize = 8;
 
@@ -192,4 +200,226 @@ async fn metric(server: &Server, name: &str) -> anyhow::Result<f64> {
     Ok(tests::metric(&text, name))
 }
 
-e2e!(concurrent_updates_keep_their_own_revisions);
+async fn root_refs(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let (sa, sb) = (space("a"), space("b"));
+    let (x, xb) = leaf(b"x");
+    let (y, yb) = leaf(b"y");
+    for s in [&sa, &sb] {
+        client.ensure_node(s, &x, &xb, LEASE).await?;
+        client.ensure_node(s, &y, &yb, LEASE).await?;
+    }
+    let rid = |s: &str| s.parse::<cas_format::RequestId>().unwrap();
+
+    let r1 = client
+        .update_root_refs(
+            &sa,
+            &rid("doc:1:version:1:add-refs"),
+            BTreeMap::from([(x, 2), (y, 1)]),
+        )
+        .await?;
+    assert!(r1.success && !r1.idempotent);
+    assert_eq!(r1.revision, 1);
+    // App-global revisions: another Space takes the next one.
+    let r2 = client
+        .update_root_refs(
+            &sb,
+            &rid("doc:1:version:1:add-refs"),
+            BTreeMap::from([(x, 1)]),
+        )
+        .await?;
+    assert_eq!((r2.revision, r2.idempotent), (2, false));
+    // Replay: same revision, idempotent, nothing applied twice.
+    let replay = client
+        .update_root_refs(
+            &sa,
+            &rid("doc:1:version:1:add-refs"),
+            BTreeMap::from([(x, 2), (y, 1)]),
+        )
+        .await?;
+    assert_eq!((replay.revision, replay.idempotent), (1, true));
+    assert_eq!(client.read_metadata(&sa, &x).await?.state.root_ref_count, 2);
+
+    let balances = |page: &RootRefPage| -> BTreeMap<Hash, i64> {
+        page.items.iter().map(|i| (i.hash, i.ref_count)).collect()
+    };
+    let before = client.list_root_refs(&sa, 100, None).await?;
+    assert_eq!(before.revision, 2);
+    assert_eq!(balances(&before), BTreeMap::from([(x, 2), (y, 1)]));
+
+    // Every refusal is all-or-nothing: x is valid in each batch and must stay at 2.
+    let unknown = Hash::digest(b"unknown");
+    let cases: Vec<(BTreeMap<Hash, i64>, u16, &str)> = vec![
+        (
+            BTreeMap::from([(x, 1), (y, 5)]),
+            409,
+            "IDEMPOTENCY_CONFLICT",
+        ),
+        (
+            BTreeMap::from([(x, 1), (unknown, 1)]),
+            404,
+            "NODE_NOT_FOUND",
+        ),
+        (BTreeMap::from([(x, 1), (y, -2)]), 409, "NEGATIVE_AGGREGATE"),
+        (BTreeMap::from([(x, 1), (y, 0)]), 400, "INVALID_REQUEST"),
+        (
+            BTreeMap::from([(x, 1), (y, 1_000_001)]),
+            400,
+            "INVALID_REQUEST",
+        ),
+        (BTreeMap::new(), 400, "INVALID_REQUEST"),
+        (
+            (0..1001u32)
+                .map(|i| (Hash::digest(&i.to_le_bytes()), 1))
+                .collect(),
+            413,
+            "PAYLOAD_TOO_LARGE",
+        ),
+    ];
+    for (i, (changes, status, code)) in cases.into_iter().enumerate() {
+        let id = if code == "IDEMPOTENCY_CONFLICT" {
+            rid("doc:1:version:1:add-refs")
+        } else {
+            rid(&format!("bad:{i}"))
+        };
+        let e = client
+            .update_root_refs(&sa, &id, changes)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status(), api_code(&e).as_str()),
+            (Some(status), code),
+            "{e}"
+        );
+    }
+    // Overflow: a count at the edge of the JSON-safe range, set directly in the database.
+    let db = env.database().await?;
+    sqlx::query("UPDATE nodes SET root_ref_count = $1 WHERE app_id = 'hub' AND space_id = 'b' AND hash = $2")
+        .bind((1i64 << 53) - 2)
+        .bind(y.as_bytes().to_vec())
+        .execute(&db)
+        .await?;
+    let e = client
+        .update_root_refs(&sb, &rid("overflow"), BTreeMap::from([(x, 1), (y, 2)]))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&e), "NODE_CONFLICT");
+    let after = client.list_root_refs(&sa, 100, None).await?;
+    assert_eq!(after.revision, 2, "no refused update took a revision");
+    assert_eq!(balances(&after), balances(&before));
+    assert_eq!(client.read_metadata(&sb, &x).await?.state.root_ref_count, 1);
+
+    // Removing to zero drops the balance row.
+    let r = client
+        .update_root_refs(
+            &sa,
+            &rid("doc:1:truncate:1-1:remove-refs"),
+            BTreeMap::from([(y, -1)]),
+        )
+        .await?;
+    assert_eq!(r.revision, 3);
+    assert_eq!(
+        balances(&client.list_root_refs(&sa, 100, None).await?),
+        BTreeMap::from([(x, 2)])
+    );
+
+    // Raw HTTP: bad bodies.
+    let token = app.token(&sa, &["cas:root-refs:update"]);
+    for body in [
+        "not json".to_string(),
+        json!({"requestId": "has space", "changes": {x.to_string(): 1}}).to_string(),
+        json!({"requestId": "", "changes": {x.to_string(): 1}}).to_string(),
+        json!({"requestId": "ok", "changes": {x.to_string(): 1.5}}).to_string(),
+        json!({"requestId": "ok", "changes": {"ABC": 1}}).to_string(),
+        format!("{{\"requestId\":\"ok\",\"changes\":{{\"{x}\":1,\"{x}\":2}}}}"),
+    ] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/cas/root-refs", server.url))
+            .query(&[("appId", "hub"), ("spaceId", "a")])
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await?;
+        assert_eq!(r.status(), 400, "{body}");
+        assert_eq!(
+            r.json::<serde_json::Value>().await?["error"],
+            "INVALID_REQUEST"
+        );
+    }
+    // Fields this service does not know are ignored, as the public contract allows.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/cas/root-refs", server.url))
+        .query(&[("appId", "hub"), ("spaceId", "a")])
+        .bearer_auth(&token)
+        .json(&json!({"requestId": "extra", "changes": {x.to_string(): 1}, "extra": 1}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await?["success"], true);
+    Ok(())
+}
+
+async fn root_ref_pages_are_stable(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let mut hashes = Vec::new();
+    for i in 0..7u8 {
+        let (h, bytes) = leaf(&[i; 3]);
+        client.ensure_node(&sp, &h, &bytes, LEASE).await?;
+        hashes.push(h);
+    }
+    let all: BTreeMap<Hash, i64> = hashes.iter().map(|h| (*h, 1)).collect();
+    let rid = |s: &str| s.parse::<cas_format::RequestId>().unwrap();
+    client
+        .update_root_refs(&sp, &rid("add"), all.clone())
+        .await?;
+    let first = client.list_root_refs(&sp, 3, None).await?;
+    assert_eq!(first.items.len(), 3);
+    let cursor = first.next_cursor.clone().expect("more pages");
+    // The balances change after the first page was read.
+    client
+        .update_root_refs(
+            &sp,
+            &rid("change"),
+            hashes.iter().map(|h| (*h, 1)).collect(),
+        )
+        .await?;
+    let mut seen: BTreeMap<Hash, i64> = first.items.iter().map(|i| (i.hash, i.ref_count)).collect();
+    let mut next = Some(cursor);
+    while let Some(c) = next {
+        let page = client.list_root_refs(&sp, 3, Some(&c)).await?;
+        assert_eq!(
+            page.revision, first.revision,
+            "every page at the first page's revision"
+        );
+        seen.extend(page.items.iter().map(|i| (i.hash, i.ref_count)));
+        next = page.next_cursor;
+    }
+    assert_eq!(
+        seen, all,
+        "the pages show the balances as of the first page"
+    );
+    let now = client.list_root_refs(&sp, 200, None).await?;
+    assert!(now.items.iter().all(|i| i.ref_count == 2));
+    assert!(now.next_cursor.is_none());
+    // A cursor from the future is refused.
+    let e = client
+        .list_root_refs(&sp, 3, Some(&format!("999.{}", hashes[0])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400));
+    Ok(())
+}
+
+e2e!(
+    concurrent_updates_keep_their_own_revisions,
+    root_refs,
+    root_ref_pages_are_stable
+);

@@ -1,5 +1,6 @@
 //! Requests as a client of the public UniCAS Space API sends them: version 2 capabilities
-//! (ES256, `typ: unidocs-cap+jwt`, grants by selector) on path Spaces, over raw HTTP.
+//! (ES256, `typ: unidocs-cap+jwt`, grants by selector) on path Spaces, over raw HTTP; and
+//! what browser clients need (CORS) and the body rules of the contract.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -211,4 +212,106 @@ async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<(
     Ok(())
 }
 
-e2e!(an_upstream_client_works_on_path_spaces);
+/// Browser clients: the data plane answers CORS preflights from the allowed origins and
+/// exposes the headers a client reads; the admin plane answers none. Lease bodies accept
+/// unknown fields and refuse a zero duration.
+async fn browser_clients_and_lenient_bodies(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let web = reqwest::Client::new();
+    let app = env.create_app("hub")?;
+    let sp = space("s");
+    let (h, bytes) = leaf(b"read from a page");
+    let preflight = |server: &Server, path: &str, origin: &'static str| {
+        web.request(reqwest::Method::OPTIONS, format!("{}{path}", server.url))
+            .header("origin", origin)
+            .header("access-control-request-method", "GET")
+            .header("access-control-request-headers", "authorization, range")
+            .send()
+    };
+    let node_path = format!("/v1/cas/nodes/{h}?appId=hub&spaceId=s");
+    {
+        let server = env.start()?;
+        let client = app.client(&server);
+        client.ensure_node(&sp, &h, &bytes, 60_000).await?;
+        let r = preflight(&server, &node_path, "https://pages.example").await?;
+        assert!(r.status().is_success(), "{}", r.status());
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+        let allowed = r.headers()["access-control-allow-headers"]
+            .to_str()?
+            .to_lowercase();
+        assert!(
+            allowed.contains("authorization") && allowed.contains("range"),
+            "{allowed}"
+        );
+        assert!(
+            r.headers()
+                .get("access-control-allow-credentials")
+                .is_none()
+        );
+        let r = web
+            .get(format!("{}{node_path}", server.url))
+            .header("origin", "https://pages.example")
+            .bearer_auth(app.token(&sp, &["cas:nodes:read"]))
+            .send()
+            .await?;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+        let exposed = r.headers()["access-control-expose-headers"]
+            .to_str()?
+            .to_lowercase();
+        assert!(
+            exposed.contains("x-cas-refs") && exposed.contains("content-range"),
+            "{exposed}"
+        );
+        // The admin plane (cookies) and the operations routes (no capability) never answer
+        // cross-origin.
+        for path in ["/admin/session", "/healthz", "/metrics"] {
+            let r = preflight(&server, path, "https://pages.example").await?;
+            assert!(
+                r.headers().get("access-control-allow-origin").is_none(),
+                "{path}"
+            );
+            let r = web
+                .get(format!("{}{path}", server.url))
+                .header("origin", "https://pages.example")
+                .send()
+                .await?;
+            assert!(
+                r.headers().get("access-control-allow-origin").is_none(),
+                "{path}"
+            );
+        }
+
+        let lease = |body: serde_json::Value| {
+            web.post(format!("{}/v1/cas/nodes/{h}/lease", server.url))
+                .query(&[("appId", "hub"), ("spaceId", "s")])
+                .bearer_auth(app.token(&sp, &["cas:nodes:lease"]))
+                .json(&body)
+                .send()
+        };
+        let r = lease(json!({"leaseDurationMs": 60_000, "clientHint": "x"})).await?;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<serde_json::Value>().await?["state"], "ready");
+        let r = lease(json!({"leaseDurationMs": 0})).await?;
+        assert_eq!(r.status(), 400);
+        assert_eq!(
+            r.json::<serde_json::Value>().await?["error"],
+            "INVALID_REQUEST"
+        );
+    }
+    // Only the listed origins.
+    let server = env.start_with(&[("UNICAS_CORS_ORIGINS", "https://a.example")])?;
+    let r = preflight(&server, &node_path, "https://a.example").await?;
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://a.example"
+    );
+    let r = preflight(&server, &node_path, "https://b.example").await?;
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    Ok(())
+}
+
+e2e!(
+    an_upstream_client_works_on_path_spaces,
+    browser_clients_and_lenient_bodies
+);
