@@ -544,4 +544,34 @@ mod tests {
         assert_eq!(c.lease_min_ms, 1000);
         assert!(toml::from_str::<Config>("lease_minimum = 3").is_err());
     }
+
+    #[test]
+    fn cors_origins_are_origins() {
+        let cors = |v: &str| {
+            Config {
+                cors_origins: v.into(),
+                ..Default::default()
+            }
+            .cors()
+        };
+        assert_eq!(cors("*").unwrap(), Cors::AnyOrigin);
+        assert_eq!(cors(" ").unwrap(), Cors::Off);
+        assert_eq!(
+            cors("https://a.example, http://b.example:8080").unwrap(),
+            Cors::Origins(vec![
+                "https://a.example".into(),
+                "http://b.example:8080".into()
+            ])
+        );
+        for bad in [
+            "a.example",
+            "https://a.example/",
+            "https://a.example/x",
+            "ftp://a",
+            "https://a b",
+            "https://é",
+        ] {
+            assert!(cors(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -47,6 +47,7 @@ const ALL: &[&str] = &[
 async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app_with("up", "ES256")?;
+    let ed = env.create_app("ed")?;
     let server = env.start()?;
     let web = reqwest::Client::new();
     let token = sign(
@@ -184,6 +185,23 @@ async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<(
         assert_eq!(r.status(), 401, "{what}");
         assert_eq!(r.json::<Value>().await?["error"], "invalid_token", "{what}");
     }
+    // A version 2 capability is ES256: one signed with another key of its App's is refused.
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some(ed.kid.clone());
+    header.typ = Some("unidocs-cap+jwt".into());
+    let ed_token = jsonwebtoken::encode(
+        &header,
+        &v2_claims(&ed, "/team/**", ALL),
+        &EncodingKey::from_ed_pem(ed.key.private_pem.as_bytes())?,
+    )?;
+    let r = web
+        .get(format!("{}/v1/cas/usage", server.url))
+        .query(&[("appId", "ed"), ("spaceId", "/team/notes")])
+        .bearer_auth(&ed_token)
+        .send()
+        .await?;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await?["error"], "unsupported_algorithm");
     // A path Space in a grant of this service's own shape names it exactly.
     let own = app.token(
         &"/team/notes".parse::<cas_format::SpaceId>()?,
