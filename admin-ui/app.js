@@ -5,6 +5,7 @@
 // read through the API's cursors, never all at once: an App can hold 100,000 balances.
 
 const HASH_RE = /^[0-9a-f]{64}$/;
+const DOMAIN_RE = /^[a-z][a-z0-9]*(?::[a-z0-9]+)*$/;
 const PAGE_SIZES = [25, 50, 100, 200];
 const DEFAULT_PAGE_SIZE = 50;
 // Differences of one comparison arrive in one response; only this many are in the DOM at once.
@@ -710,6 +711,7 @@ function readListingParams(params) {
   const limit = Number(params.get('limit'));
   return {
     spaceId: params.get('spaceId') ?? '',
+    refDomain: params.get('refDomain') ?? '',
     hash: params.get('hash') ?? '',
     limit: PAGE_SIZES.includes(limit) ? limit : DEFAULT_PAGE_SIZE,
     cursor: params.get('cursor') ?? '',
@@ -731,6 +733,9 @@ function listingView(ctx, cfg) {
   setTitle(cfg.title, appId);
 
   const spaceInput = h('input', { name: 'spaceId', value: state.spaceId, autocomplete: 'off', spellcheck: 'false', testid: 'filter-space' });
+  const domainInput = h('input', {
+    name: 'refDomain', value: state.refDomain, autocomplete: 'off', spellcheck: 'false', maxlength: 64, testid: 'filter-domain',
+  });
   const hashInput = h('input', {
     name: 'hash', value: state.hash, class: 'mono', autocomplete: 'off', spellcheck: 'false', maxlength: 64, testid: 'filter-hash',
   });
@@ -738,6 +743,7 @@ function listingView(ctx, cfg) {
     PAGE_SIZES.map((n) => h('option', { value: String(n) }, String(n))));
   const form = h('form', { class: 'filters', testid: `${cfg.testid}-filter`, role: 'search', 'aria-label': `Filter ${cfg.noun}` },
     field('Space (exact)', spaceInput),
+    field('Domain (exact, e.g. default)', domainInput),
     field('Hash (exact, 64 hex characters)', hashInput),
     field('Rows per page', limitSelect),
     h('div', { class: 'actions' },
@@ -767,22 +773,32 @@ function listingView(ctx, cfg) {
       throw new Error('A hash is 64 lowercase hexadecimal characters.');
     }
     hashInput.removeAttribute('aria-invalid');
-    await go({ spaceId: spaceInput.value.trim(), hash, limit: Number(limitSelect.value), cursor: '', page: 1 });
+    const refDomain = domainInput.value.trim();
+    domainInput.value = refDomain;
+    if (refDomain && !DOMAIN_RE.test(refDomain)) {
+      domainInput.setAttribute('aria-invalid', 'true');
+      domainInput.focus();
+      throw new Error('A domain is lowercase letters and digits in parts joined by ":", starting with a letter (at most 64 characters).');
+    }
+    domainInput.removeAttribute('aria-invalid');
+    await go({ spaceId: spaceInput.value.trim(), refDomain, hash, limit: Number(limitSelect.value), cursor: '', page: 1 });
   });
 
   function clearFilters() {
     spaceInput.value = '';
+    domainInput.value = '';
     hashInput.value = '';
     hashInput.removeAttribute('aria-invalid');
+    domainInput.removeAttribute('aria-invalid');
     clearAlert();
-    go({ ...state, spaceId: '', hash: '', cursor: '', page: 1 });
+    go({ ...state, spaceId: '', refDomain: '', hash: '', cursor: '', page: 1 });
   }
 
   function go(next) {
     state = next;
-    const { spaceId, hash, limit, cursor, page } = state;
+    const { spaceId, refDomain, hash, limit, cursor, page } = state;
     const href = appHref(appId, cfg.tab, {
-      spaceId, hash, limit: limit === DEFAULT_PAGE_SIZE ? '' : limit, cursor, page: page > 1 ? page : '',
+      spaceId, refDomain, hash, limit: limit === DEFAULT_PAGE_SIZE ? '' : limit, cursor, page: page > 1 ? page : '',
     });
     if (href !== window.location.hash) window.history.pushState(null, '', href);
     return load();
@@ -794,13 +810,15 @@ function listingView(ctx, cfg) {
     results.setAttribute('aria-busy', 'true');
     try {
       const data = await api('GET', appPath(appId, cfg.path), {
-        query: { spaceId: state.spaceId, hash: state.hash, limit: state.limit, cursor: state.cursor },
+        query: {
+          spaceId: state.spaceId, refDomain: state.refDomain, hash: state.hash, limit: state.limit, cursor: state.cursor,
+        },
       });
       if (isStale()) return;
       nextCursor = data.nextCursor ?? null;
       fill(results, data.items.length
         ? cfg.render(data.items, appId)
-        : h('p', { class: 'empty', testid: 'listing-empty' }, state.hash || state.spaceId
+        : h('p', { class: 'empty', testid: 'listing-empty' }, state.hash || state.spaceId || state.refDomain
           ? `No ${cfg.noun} match these filters.`
           : `No ${cfg.noun} yet.`));
       fill(meta,
@@ -838,18 +856,20 @@ function balancesView(ctx) {
     noun: 'balances',
     row: 'balance',
     path: '/root-refs',
-    intro: 'Root-ref balances: how many root refs each Space holds on each hash.',
+    intro: 'Root-ref balances: how many root refs each Space holds on each hash, per domain '
+      + '(a node counts the sum over domains; a domain\'s own balance may be below zero).',
     render: (items, appId) => dataTable({
       testid: 'balances-table',
       caption: 'Root-ref balances',
-      head: ['Space', 'Hash', numTh('Count'), h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, 'Links'))],
-      rows: items.map((b) => h('tr', { testid: 'balance-row', data: { spaceId: b.spaceId, hash: b.hash } },
+      head: ['Space', 'Domain', 'Hash', numTh('Count'), h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, 'Links'))],
+      rows: items.map((b) => h('tr', { testid: 'balance-row', data: { spaceId: b.spaceId, refDomain: b.refDomain, hash: b.hash } },
         h('td', {}, h('code', { class: 'space-id' }, b.spaceId)),
+        h('td', { testid: 'balance-domain' }, h('code', {}, asText(b.refDomain))),
         h('td', {}, hashView(b.hash)),
         h('td', { class: 'num', testid: 'balance-count' }, formatCount(b.refCount)),
         h('td', {}, h('a', {
-          href: appHref(appId, 'events', { spaceId: b.spaceId, hash: b.hash }),
-          'aria-label': `Events of ${shortHash(b.hash)} in ${b.spaceId}`,
+          href: appHref(appId, 'events', { spaceId: b.spaceId, refDomain: b.refDomain, hash: b.hash }),
+          'aria-label': `Events of ${shortHash(b.hash)} in ${b.spaceId}, domain ${b.refDomain}`,
         }, 'Events')))),
     }),
   });
@@ -873,12 +893,12 @@ function eventsTable(events, testid, { onlyHash } = {}) {
   return dataTable({
     testid,
     caption: 'Root-ref events',
-    head: [numTh('Revision'), 'Applied', 'Space', 'Request', 'Actor', 'Changes'],
+    head: [numTh('Revision'), 'Applied', 'Space', 'Domain', 'Request', 'Actor', 'Changes'],
     rows: events.flatMap((ev) => {
       const changes = Object.entries(ev.changes ?? {});
       const detailId = uid('event-changes');
       const detail = h('tr', { class: 'detail-row', id: detailId, hidden: true, testid: 'event-changes' },
-        h('td', { colspan: 6 }, changesTable(changes)));
+        h('td', { colspan: 7 }, changesTable(changes)));
       const toggle = h('button', {
         type: 'button',
         class: 'disclosure',
@@ -898,6 +918,7 @@ function eventsTable(events, testid, { onlyHash } = {}) {
           h('td', { class: 'num' }, formatCount(ev.revision)),
           h('td', {}, time(ev.appliedAt)),
           h('td', {}, h('code', { class: 'space-id' }, ev.spaceId)),
+          h('td', { testid: 'event-domain' }, h('code', {}, asText(ev.refDomain))),
           h('td', { class: 'wrap' }, h('code', {}, asText(ev.requestId))),
           h('td', { class: 'wrap' }, asText(ev.actor)),
           h('td', {}, toggle)),
@@ -925,7 +946,7 @@ const reconciliations = new Map();
 function reconcileState(appId) {
   if (!reconciliations.has(appId)) {
     reconciliations.set(appId, {
-      watermark: '', text: '', file: null, comparison: null, selected: new Set(), applied: null, appliedKeys: new Set(), page: 0,
+      watermark: '', refDomain: 'default', text: '', file: null, comparison: null, selected: new Set(), applied: null, appliedKeys: new Set(), page: 0,
     });
   }
   return reconciliations.get(appId);
@@ -941,6 +962,10 @@ function reconcileView(ctx) {
   const watermark = h('input', {
     name: 'watermark', required: true, maxlength: 256, value: st.watermark, autocomplete: 'off', spellcheck: 'false', testid: 'reconcile-watermark',
     oninput: () => { st.watermark = watermark.value; },
+  });
+  const domain = h('input', {
+    name: 'refDomain', required: true, maxlength: 64, value: st.refDomain, autocomplete: 'off', spellcheck: 'false', testid: 'reconcile-domain',
+    oninput: () => { st.refDomain = domain.value; },
   });
   const text = h('textarea', {
     name: 'balances', rows: 8, class: 'mono', spellcheck: 'false', value: st.text, testid: 'reconcile-input',
@@ -979,6 +1004,7 @@ function reconcileView(ctx) {
       ' (a header line is allowed) or JSON ', h('code', {}, '[{"spaceId", "hash", "count"}]'),
       '. Each Space named in the list is compared in full: a hash of that Space left out of the list is intended to be 0.'),
     field('Source watermark', watermark, 'Where your records were read, e.g. an export time or the last id: it goes into the request ids of the repairs.'),
+    field('Domain', domain, 'The root-ref domain your records keep (the refDomain of your capabilities; default when they name none).'),
     field('Balances (CSV or JSON)', text),
     field('Or upload a file', file),
     fileNote,
@@ -994,6 +1020,13 @@ function reconcileView(ctx) {
   async function compare() {
     const source = st.file?.text ?? text.value;
     const wm = watermark.value.trim();
+    const refDomain = domain.value.trim();
+    if (!DOMAIN_RE.test(refDomain) || refDomain.length > 64) {
+      domain.setAttribute('aria-invalid', 'true');
+      domain.focus();
+      throw new Error('A domain is lowercase letters and digits in parts joined by ":", starting with a letter (at most 64 characters).');
+    }
+    domain.removeAttribute('aria-invalid');
     if (!source.trim()) {
       text.focus();
       throw new Error('Paste or upload the intended balances first.');
@@ -1010,9 +1043,11 @@ function reconcileView(ctx) {
       if (!Array.isArray(balances)) {
         throw new Error('JSON input is an array of {"spaceId", "hash", "count"} or an object with a "balances" array.');
       }
-      comparison = await api('POST', appPath(appId, '/reconcile'), { json: { watermark: wm, balances } });
+      comparison = await api('POST', appPath(appId, '/reconcile'), { json: { watermark: wm, refDomain, balances } });
     } else {
-      comparison = await api('POST', appPath(appId, '/reconcile'), { query: { watermark: wm }, body: source, contentType: 'text/csv' });
+      comparison = await api('POST', appPath(appId, '/reconcile'), {
+        query: { watermark: wm, refDomain }, body: source, contentType: 'text/csv',
+      });
     }
     // Kept even if the user has left the page: it is there when they come back.
     Object.assign(st, { comparison, selected: new Set(), applied: null, appliedKeys: new Set(), page: 0 });
@@ -1031,7 +1066,7 @@ function reconcileView(ctx) {
     }
     const diffs = c.differences;
     const summary = h('p', { testid: 'reconcile-summary', class: 'summary' },
-      `Compared ${plural(c.compared, 'intended balance')} with CAS at revision ${formatCount(c.revision)} `,
+      `Compared ${plural(c.compared, 'intended balance')} of domain ${c.refDomain} with CAS at revision ${formatCount(c.revision)} `,
       `(watermark “${c.watermark}”): `, h('strong', { testid: 'difference-count' }, plural(diffs.length, 'difference')), '.');
     if (diffs.length === 0) {
       fill(resultArea, h('h2', { id: 'differences-heading', tabindex: -1 }, 'Differences'), summary,
@@ -1146,8 +1181,8 @@ function reconcileView(ctx) {
     const confirmed = await confirmDialog({
       title: `Apply ${plural(chosen.length, 'repair')}?`,
       message: h('p', {},
-        'Each chosen balance is changed by its delta with ordinary root-ref updates (one event per Space) recorded with watermark ',
-        h('code', {}, c.watermark), '. Balances are read back afterwards.'),
+        'Each chosen balance is changed by its delta with ordinary root-ref updates in domain ', h('code', {}, c.refDomain),
+        ' (one event per Space) recorded with watermark ', h('code', {}, c.watermark), '. Balances are read back afterwards.'),
       confirmLabel: 'Apply repairs',
       danger: true,
     });
@@ -1155,7 +1190,7 @@ function reconcileView(ctx) {
     clearAlert();
     try {
       const result = await api('POST', appPath(appId, '/reconcile/apply'), {
-        json: { watermark: c.watermark, repairs: chosen.map(({ spaceId, hash, delta }) => ({ spaceId, hash, delta })) },
+        json: { watermark: c.watermark, refDomain: c.refDomain, repairs: chosen.map(({ spaceId, hash, delta }) => ({ spaceId, hash, delta })) },
       });
       for (const d of chosen) st.appliedKeys.add(balanceKey(d.spaceId, d.hash));
       st.applied = { result, repairs: chosen };

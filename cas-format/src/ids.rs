@@ -5,6 +5,8 @@
 //!   each segment `[A-Za-z0-9_-]+`, at most 256 characters (`/team/notes`).
 //! - `RequestId`: 1–256 bytes of printable ASCII without spaces (`0x21..=0x7e`), so colons are
 //!   welcome: `doc:42:version:7:add-refs`.
+//! - `RefDomain`: the namespace a root ref belongs to, as the public UniCAS contract has it:
+//!   `^[a-z][a-z0-9]*(?::[a-z0-9]+)*$`, at most 64 characters (`docs`, `billing:v2`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,6 +30,8 @@ pub enum IdError {
     },
     #[error("a path Space is /segment(/segment)* with segments of [A-Za-z0-9_-]: {0}")]
     Path(&'static str),
+    #[error("a refDomain is [a-z][a-z0-9]* parts joined by ':' (e.g. docs:v2): {0}")]
+    Domain(&'static str),
 }
 
 /// Checks that `s` is 1..=`max` characters, each allowed by `ok`.
@@ -197,6 +201,38 @@ identifier!(
     |s| check_chars(s, "requestId", 256, "printable ASCII without spaces", |c| ('!'..='~').contains(&c))
 );
 
+/// A root-ref domain: parts of `[a-z0-9]` joined by `:`, the first starting with a letter.
+fn check_domain(s: &str) -> Result<(), IdError> {
+    check_chars(s, "refDomain", RefDomain::MAX_LEN, "[a-z0-9:]", |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == ':'
+    })?;
+    if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        return Err(IdError::Domain("it starts with a lowercase letter"));
+    }
+    if s.split(':').any(str::is_empty) {
+        return Err(IdError::Domain("a part is empty"));
+    }
+    Ok(())
+}
+
+identifier!(
+    /// The domain a root ref belongs to: balances are kept per (Space, domain, hash), and a
+    /// node's root ref count is their sum over domains.
+    RefDomain, "refDomain", 64, "[a-z][a-z0-9]* parts joined by ':'",
+    check_domain
+);
+
+impl RefDomain {
+    /// The domain of root refs whose capability names none (this service's own shape).
+    pub const DEFAULT: &'static str = "default";
+}
+
+impl Default for RefDomain {
+    fn default() -> Self {
+        RefDomain(Self::DEFAULT.to_string())
+    }
+}
+
 impl SpaceId {
     /// Whether this is a path Space (`/team/notes`).
     pub fn is_path(&self) -> bool {
@@ -226,6 +262,36 @@ impl SpaceId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ref_domains_follow_the_contract() {
+        for ok in [
+            "docs",
+            "a",
+            "billing:v2",
+            "a1:b2:c3",
+            RefDomain::DEFAULT,
+            &"x".repeat(64),
+        ] {
+            assert!(ok.parse::<RefDomain>().is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "Docs",
+            "1docs",
+            ":docs",
+            "docs:",
+            "docs::v2",
+            "docs-v2",
+            "do cs",
+            "docs.v2",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(bad.parse::<RefDomain>().is_err(), "{bad}");
+        }
+        assert_eq!(RefDomain::default().as_str(), "default");
+    }
 
     #[test]
     fn identifiers_validate() {

@@ -14,7 +14,7 @@ pub mod svalue;
 pub mod wire;
 
 pub use hash::{Hash, HashParseError};
-pub use ids::{AppId, IdError, RequestId, SpaceId};
+pub use ids::{AppId, IdError, RefDomain, RequestId, SpaceId};
 pub use node::{
     ContentType, NODE_MEDIA_TYPE, NodeDescriptor, NodeError, NodeLimits, NodeRejectKind,
     NodeStreamValidator, PortableNode, decode_portable, verify_portable,

@@ -8,7 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::Hash;
-use crate::ids::RequestId;
+use crate::ids::{RefDomain, RequestId};
 
 /// The permissions a capability grants, one per data-plane operation.
 pub mod permission {
@@ -335,6 +335,10 @@ pub struct RootRefItem {
 #[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RootRefPage {
+    /// The domain the balances belong to: the capability's `refDomain`, else the default one.
+    /// (Absent in answers of older servers, which kept only the default domain.)
+    #[serde(default)]
+    pub ref_domain: RefDomain,
     pub revision: u64,
     pub items: Vec<RootRefItem>,
     /// Pass as `cursor` to read the next page at the same revision; absent on the last page.

@@ -259,8 +259,8 @@ pub struct Capability {
     pub actor: String,
     /// Of the public contract's shape (`ver: 2`).
     pub upstream: bool,
-    /// The root-ref domain it names, when that is a valid one.
-    pub ref_domain: Option<String>,
+    /// The domain its root-ref changes belong to, as its claims name it.
+    pub ref_domain: crate::capability::DomainClaim,
 }
 
 /// The one answer to every token that does not verify, whatever the reason (malformed, unknown
@@ -469,6 +469,6 @@ fn authorize(
         space: space.clone(),
         actor: claims.sub.clone().unwrap_or_else(|| claims.iss.clone()),
         upstream: claims.is_upstream(),
-        ref_domain: claims.ref_domain().map(str::to_string),
+        ref_domain: claims.ref_domain(),
     })
 }

@@ -181,7 +181,7 @@ impl Default for Config {
             database_url: None,
             blob_store: None,
             public_url: None,
-            cors_origins: "*".into(),
+            cors_origins: String::new(),
             audience: "unicas".into(),
             lease_min_ms: 60_000,
             lease_max_ms: 24 * 3600 * 1000,
@@ -554,6 +554,11 @@ mod tests {
             }
             .cors()
         };
+        assert_eq!(
+            Config::default().cors().unwrap(),
+            Cors::Off,
+            "off by default"
+        );
         assert_eq!(cors("*").unwrap(), Cors::AnyOrigin);
         assert_eq!(cors(" ").unwrap(), Cors::Off);
         assert_eq!(

@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cas_format::wire::{RootRefItem, RootRefPage, RootRefUpdate, RootRefUpdateResponse};
-use cas_format::{AppId, Hash, RequestId, SpaceId};
+use cas_format::{AppId, Hash, RefDomain, RequestId, SpaceId};
+
+use crate::capability::DomainClaim;
 use tokio::sync::{OwnedMutexGuard, oneshot};
 
 use crate::error::{ApiError, ApiResult};
@@ -29,6 +31,7 @@ type Answer = ApiResult<RootRefUpdateResponse>;
 /// One update waiting in its partition's queue.
 struct Pending {
     seq: u64,
+    domain: RefDomain,
     request_id: RequestId,
     changes: BTreeMap<Hash, i64>,
     payload: Hash,
@@ -130,19 +133,25 @@ pub fn check_changes(changes: &BTreeMap<Hash, i64>) -> ApiResult<Hash> {
     Ok(Hash::digest(&canonical))
 }
 
-/// Root refs are kept in one domain here, the one capabilities of this service's own shape
-/// use. A capability of the public contract's shape names its `refDomain`: without a valid
-/// one it is refused, as the contract requires; with one it is refused as well, because
-/// balances per domain are not kept yet (sharing the default domain would mix them).
-pub fn check_ref_domain(cap: &crate::auth::Capability) -> ApiResult<()> {
-    if !cap.upstream {
-        return Ok(());
+/// The domain a capability's root-ref changes and reads belong to: the `refDomain` it names;
+/// without one, the default domain for a capability of this service's own shape, and a
+/// refusal for one of the public contract's shape (which requires the claim). A claim that is
+/// not a domain is refused for both.
+pub fn ref_domain_of(cap: &crate::auth::Capability) -> ApiResult<RefDomain> {
+    match &cap.ref_domain {
+        DomainClaim::Valid(d) => Ok(d.clone()),
+        DomainClaim::Absent if !cap.upstream => Ok(RefDomain::default()),
+        DomainClaim::Absent => Err(ApiError::forbidden(
+            "ROOT_REF_INVALID",
+            "a version 2 capability needs a refDomain claim for root refs",
+        )),
+        DomainClaim::Invalid(d) => Err(ApiError::forbidden(
+            "ROOT_REF_INVALID",
+            format!(
+                "the capability's refDomain {d:?} is not a domain ([a-z][a-z0-9]* parts joined by ':', at most 64 characters)"
+            ),
+        )),
     }
-    let message = match &cap.ref_domain {
-        None => "a version 2 capability needs a valid refDomain for root refs".to_string(),
-        Some(d) => format!("root refs of refDomain {d} are not kept by this server"),
-    };
-    Err(ApiError::forbidden("ROOT_REF_INVALID", message))
 }
 
 /// The answer to a refused update.
@@ -170,30 +179,55 @@ pub fn rejection(r: RootRefRejection) -> ApiError {
     }
 }
 
-/// A cursor: the revision the first page was read at, and the last hash returned.
-pub fn encode_cursor(revision: i64, space: Option<&SpaceId>, hash: &Hash) -> String {
-    match space {
-        Some(space) => format!("{revision}.{space}.{hash}"),
-        None => format!("{revision}.{hash}"),
+/// A cursor: the revision the first page was read at, and the last balance returned. A page of
+/// one (Space, domain) names only the hash; an admin page across them names all three.
+pub fn encode_cursor(revision: i64, last: &BalanceCursor, with_key: bool) -> String {
+    let BalanceCursor {
+        space,
+        domain,
+        hash,
+    } = last;
+    if with_key {
+        format!("{revision}.{space}.{domain}.{hash}")
+    } else {
+        format!("{revision}.{hash}")
     }
 }
 
-/// Parses a cursor; `with_space` says whether it names a Space (admin pages across Spaces).
-pub fn decode_cursor(s: &str, with_space: bool) -> ApiResult<(i64, BalanceCursor)> {
+/// Parses a cursor of [`encode_cursor`]: `page` is the (Space, domain) of a page of one, `None`
+/// for an admin page across them (whose cursor names both).
+pub fn decode_cursor(
+    s: &str,
+    page: Option<(&SpaceId, &RefDomain)>,
+) -> ApiResult<(i64, BalanceCursor)> {
     let bad = || ApiError::invalid("invalid cursor");
     let (revision, rest) = s.split_once('.').ok_or_else(bad)?;
     let revision: i64 = revision.parse().map_err(|_| bad())?;
-    let (space, hash) = if with_space {
-        let (space, hash) = rest.rsplit_once('.').ok_or_else(bad)?;
-        (Some(space.parse::<SpaceId>().map_err(|_| bad())?), hash)
-    } else {
-        (None, rest)
+    let (space, domain, hash) = match page {
+        Some((space, domain)) => (space.clone(), domain.clone(), rest),
+        None => {
+            // A plain Space id may hold dots; a domain and a hash hold none.
+            let (rest, hash) = rest.rsplit_once('.').ok_or_else(bad)?;
+            let (space, domain) = rest.rsplit_once('.').ok_or_else(bad)?;
+            (
+                space.parse().map_err(|_| bad())?,
+                domain.parse().map_err(|_| bad())?,
+                hash,
+            )
+        }
     };
     let hash: Hash = hash.parse().map_err(|_| bad())?;
     if revision < 0 {
         return Err(bad());
     }
-    Ok((revision, BalanceCursor { space, hash }))
+    Ok((
+        revision,
+        BalanceCursor {
+            space,
+            domain,
+            hash,
+        },
+    ))
 }
 
 impl Service {
@@ -203,6 +237,7 @@ impl Service {
         &self,
         app: &AppId,
         space: &SpaceId,
+        domain: &RefDomain,
         update: &RootRefUpdate,
         actor: &str,
     ) -> ApiResult<RootRefUpdateResponse> {
@@ -215,6 +250,7 @@ impl Service {
         let (answer, answered) = oneshot::channel();
         queue.pending().push_back(Pending {
             seq,
+            domain: domain.clone(),
             request_id: update.request_id.clone(),
             changes: update.changes.0.clone(),
             payload,
@@ -264,6 +300,7 @@ impl Service {
             let changes: Vec<RootRefChange<'_>> = batch
                 .iter()
                 .map(|u| RootRefChange {
+                    domain: &u.domain,
                     request_id: &u.request_id,
                     changes: &u.changes,
                     payload_hash: &u.payload,
@@ -299,18 +336,19 @@ impl Service {
         }
     }
 
-    /// One page of a Space's balances, stable at the revision of the first page.
+    /// One page of a Space's balances in one domain, stable at the revision of the first page.
     pub async fn root_ref_page(
         &self,
         app: &AppId,
         space: &SpaceId,
+        domain: &RefDomain,
         limit: u32,
         cursor: Option<&str>,
     ) -> ApiResult<RootRefPage> {
         let current = self.meta.app_revision(app).await?.unwrap_or(0);
         let (revision, after) = match cursor {
             Some(c) => {
-                let (rev, after) = decode_cursor(c, false)?;
+                let (rev, after) = decode_cursor(c, Some((space, domain)))?;
                 if rev > current {
                     return Err(ApiError::invalid("invalid cursor"));
                 }
@@ -324,6 +362,7 @@ impl Service {
                 app,
                 RefFilter {
                     space: Some(space),
+                    domain: Some(domain),
                     hash: None,
                 },
                 revision,
@@ -332,16 +371,20 @@ impl Service {
             )
             .await?;
         let more = rows.len() > limit as usize;
-        let items: Vec<RootRefItem> = rows
-            .into_iter()
-            .take(limit as usize)
-            .map(|(_, hash, ref_count)| RootRefItem { hash, ref_count })
-            .collect();
-        let next_cursor = match (more, items.last()) {
-            (true, Some(last)) => Some(encode_cursor(revision, None, &last.hash)),
+        let rows = &rows[..rows.len().min(limit as usize)];
+        let next_cursor = match (more, rows.last()) {
+            (true, Some(last)) => Some(encode_cursor(revision, &last.cursor(), false)),
             _ => None,
         };
+        let items: Vec<RootRefItem> = rows
+            .iter()
+            .map(|b| RootRefItem {
+                hash: b.hash,
+                ref_count: b.ref_count,
+            })
+            .collect();
         Ok(RootRefPage {
+            ref_domain: domain.clone(),
             revision: revision as u64,
             items,
             next_cursor,

@@ -6,97 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cas_format::Hash;
-use reqwest::StatusCode;
-use reqwest::redirect::Policy;
 use serde_json::{Value, json};
+use tests::admin_session::{AdminSession, http, link, sign_in_with_link};
 use tests::oidc_mock::{Behaviour, MockOidc};
 use tests::*;
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(Policy::none())
-        .build()
-        .unwrap()
-}
-
-/// A signed-in administrator: the session cookie and its CSRF token.
-struct AdminSession {
-    base: String,
-    cookie: String,
-    csrf: String,
-}
-
-impl AdminSession {
-    async fn from_set_cookie(base: &str, resp: reqwest::Response) -> anyhow::Result<Self> {
-        assert_eq!(
-            resp.status(),
-            StatusCode::SEE_OTHER,
-            "{:?}",
-            resp.text().await
-        );
-        assert_eq!(resp.headers()["location"], "/admin/ui/");
-        let set = resp.headers()["set-cookie"].to_str()?.to_string();
-        for attr in ["HttpOnly", "SameSite=Lax", "Path=/admin"] {
-            assert!(set.contains(attr), "{set}");
-        }
-        let cookie = set.split(';').next().unwrap().to_string();
-        let info: Value = http()
-            .get(format!("{base}/admin/session"))
-            .header("cookie", &cookie)
-            .send()
-            .await?
-            .json()
-            .await?;
-        Ok(AdminSession {
-            base: base.to_string(),
-            csrf: info["csrfToken"].as_str().expect("csrf token").to_string(),
-            cookie,
-        })
-    }
-
-    async fn get(&self, path: &str) -> reqwest::Response {
-        http()
-            .get(format!("{}{path}", self.base))
-            .header("cookie", &self.cookie)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn post(&self, path: &str, body: Value) -> reqwest::Response {
-        http()
-            .post(format!("{}{path}", self.base))
-            .header("cookie", &self.cookie)
-            .header("x-csrf-token", &self.csrf)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn json(&self, path: &str) -> Value {
-        let r = self.get(path).await;
-        assert_eq!(r.status(), 200, "GET {path}");
-        r.json().await.unwrap()
-    }
-}
-
-/// Signs in as a browser does: the link's page, then its button (a POST).
-async fn sign_in_with_link(server: &Server, link: &str) -> anyhow::Result<AdminSession> {
-    let page = http().get(link).send().await?;
-    assert_eq!(page.status(), 200);
-    assert!(page.text().await?.contains("method=\"post\""));
-    let resp = http().post(link).send().await?;
-    AdminSession::from_set_cookie(&server.url, resp).await
-}
-
-/// The login link printed by `unicas-server admin login-link`, aimed at `server` (the command
-/// does not know which port a test server bound).
-fn link(server: &Server, printed: &str) -> String {
-    let line = printed.lines().last().unwrap_or_default();
-    let path = &line[line.find("/admin/login/link/").expect("a login link")..];
-    format!("{}{path}", server.url)
-}
 
 async fn bootstrap_sessions_and_plane_separation(b: Backend) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
@@ -251,7 +164,7 @@ async fn admin_api_and_reconciliation(b: Backend) -> anyhow::Result<()> {
         .await;
     assert_eq!(
         one["items"],
-        json!([{"spaceId": "s1", "hash": hashes[1], "refCount": 1}])
+        json!([{"spaceId": "s1", "refDomain": "default", "hash": hashes[1], "refCount": 1}])
     );
     // Events: ascending, filterable, paginated at one revision.
     let events = admin.json("/admin/apps/hub/root-ref-events?limit=3").await;
@@ -352,7 +265,8 @@ async fn admin_api_and_reconciliation(b: Backend) -> anyhow::Result<()> {
     for bad in [
         json!({"watermark": "", "balances": []}),
         json!({"watermark": "w", "balances": [{"spaceId": "s1", "hash": "nothex", "count": 1}]}),
-        json!({"watermark": "w", "balances": [{"spaceId": "s1", "hash": hashes[0], "count": -1}]}),
+        json!({"watermark": "w", "balances": [{"spaceId": "s1", "hash": hashes[0], "count": -(1i64 << 53)}]}),
+        json!({"watermark": "w", "refDomain": "Docs", "balances": []}),
     ] {
         assert_eq!(
             admin.post("/admin/apps/hub/reconcile", bad).await.status(),
@@ -422,6 +336,7 @@ async fn admin_api_and_reconciliation(b: Backend) -> anyhow::Result<()> {
         json!([]),
         "the verified result matches"
     );
+
     env.check_invariants(&meta, &app.app).await?;
 
     // Keys: a revoked key stops working at once on this replica; an added one works.

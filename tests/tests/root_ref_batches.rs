@@ -153,6 +153,7 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
     let app_id = "hub".parse()?;
     let filter = RefFilter {
         space: Some(&sp),
+        domain: None,
         hash: None,
     };
     for (revision, counts) in &expected {
@@ -160,7 +161,7 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
             .balances_at(&app_id, filter, *revision as i64, None, 100)
             .await?
             .into_iter()
-            .map(|(_, h, c)| (h, c))
+            .map(|b| (b.hash, b.ref_count))
             .collect();
         assert_eq!(&at, counts, "balances at revision {revision}");
     }

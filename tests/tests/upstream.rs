@@ -2,59 +2,22 @@
 //! (ES256, `typ: unidocs-cap+jwt`, grants by selector) on path Spaces, over raw HTTP; and
 //! what browser clients need (CORS) and the body rules of the contract.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tests::*;
 
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// Version 2 claims granting `permissions` on `selector`.
-fn v2_claims(app: &TestApp, selector: &str, permissions: &[&str]) -> Value {
-    json!({
-        "ver": 2, "iss": app.issuer, "sub": "user-7", "jti": format!("j-{}", now()),
-        "aud": "unicas", "iat": now(), "exp": now() + 300, "refDomain": "docs",
-        "grants": [{"selector": selector, "permissions": permissions}],
-    })
-}
-
-fn sign(app: &TestApp, typ: Option<&str>, claims: &Value) -> String {
-    let mut h = Header::new(Algorithm::ES256);
-    h.kid = Some(app.kid.clone());
-    h.typ = typ.map(str::to_string);
-    let key = EncodingKey::from_ec_pem(app.key.private_pem.as_bytes()).expect("ES256 key");
-    jsonwebtoken::encode(&h, claims, &key).expect("sign")
-}
-
-const ALL: &[&str] = &[
-    "cas:nodes:read",
-    "cas:nodes:lease",
-    "cas:usage:read",
-    "cas:gc:execute",
-    "cas:root-refs:read",
-    "cas:root-refs:update",
-];
+const ALL: &[&str] = ALL_PERMISSIONS;
 
 /// Upload, publish and read a parent and its child in `/team/notes` with a `/team/**`
 /// capability; the selectors' limits, the claims a version 2 token must carry, and the
-/// root-ref routes' refusal without a domain this server keeps.
+/// root-ref routes' refusal without a valid domain.
 async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app_with("up", "ES256")?;
     let ed = env.create_app("ed")?;
     let server = env.start()?;
     let web = reqwest::Client::new();
-    let token = sign(
-        &app,
-        Some("unidocs-cap+jwt"),
-        &v2_claims(&app, "/team/**", ALL),
-    );
+    let token = app.sign(Some(UPSTREAM_TYP), &app.v2_claims("/team/**", ALL));
     let q = |space: &str| vec![("appId", "up".to_string()), ("spaceId", space.to_string())];
     let lease = |hash: cas_format::Hash, token: String, space: &'static str| {
         web.post(format!("{}/v1/cas/nodes/{hash}/lease", server.url))
@@ -131,10 +94,9 @@ async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<(
         assert_eq!(r.status(), 403, "{space}");
         assert_eq!(r.json::<Value>().await?["error"], code, "{space}");
     }
-    let prefix = sign(
-        &app,
-        Some("unidocs-cap+jwt"),
-        &v2_claims(&app, "/team/note*", &["cas:nodes:read"]),
+    let prefix = app.sign(
+        Some(UPSTREAM_TYP),
+        &app.v2_claims("/team/note*", &["cas:nodes:read"]),
     );
     let r = get(
         &format!("/v1/cas/nodes/{child}/metadata"),
@@ -147,39 +109,33 @@ async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<(
     assert_eq!(r.status(), 403);
     assert_eq!(r.json::<Value>().await?["error"], "insufficient_permission");
 
-    // Root refs: a version 2 capability names its domain; this server keeps only its own.
+    // Root refs: a version 2 capability must name a valid domain (see `ref_domains`).
     let r = get("/v1/cas/root-refs", "/team/notes", &token).await?;
-    assert_eq!(r.status(), 403);
-    assert_eq!(r.json::<Value>().await?["error"], "ROOT_REF_INVALID");
-    let mut no_domain = v2_claims(&app, "/team/**", ALL);
-    no_domain.as_object_mut().map(|c| c.remove("refDomain"));
-    let r = get(
-        "/v1/cas/root-refs",
-        "/team/notes",
-        &sign(&app, Some("unidocs-cap+jwt"), &no_domain),
-    )
-    .await?;
-    assert_eq!(r.status(), 403);
-    assert_eq!(r.json::<Value>().await?["error"], "ROOT_REF_INVALID");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await?["refDomain"], "docs");
+    for domain in [None, Some("Not-A-Domain")] {
+        let t = app.v2_token("/team/**", ALL, domain);
+        let r = get("/v1/cas/root-refs", "/team/notes", &t).await?;
+        assert_eq!(r.status(), 403, "{domain:?}");
+        assert_eq!(
+            r.json::<Value>().await?["error"],
+            "ROOT_REF_INVALID",
+            "{domain:?}"
+        );
+    }
 
     // Claims a version 2 capability must carry, and versions this server does not know.
-    let mut no_jti = v2_claims(&app, "/team/**", ALL);
+    let mut no_jti = app.v2_claims("/team/**", ALL);
     no_jti.as_object_mut().map(|c| c.remove("jti"));
-    let mut v3 = v2_claims(&app, "/team/**", ALL);
+    let mut v3 = app.v2_claims("/team/**", ALL);
     v3["ver"] = json!(3);
-    let mut bad_selector = v2_claims(&app, "/team/**", ALL);
+    let mut bad_selector = app.v2_claims("/team/**", ALL);
     bad_selector["grants"] = json!([{"selector": "team", "permissions": ALL}]);
     for (what, t) in [
-        (
-            "no typ",
-            sign(&app, None, &v2_claims(&app, "/team/**", ALL)),
-        ),
-        ("no jti", sign(&app, Some("unidocs-cap+jwt"), &no_jti)),
-        ("ver 3", sign(&app, Some("unidocs-cap+jwt"), &v3)),
-        (
-            "bad selector",
-            sign(&app, Some("unidocs-cap+jwt"), &bad_selector),
-        ),
+        ("no typ", app.sign(None, &app.v2_claims("/team/**", ALL))),
+        ("no jti", app.sign(Some(UPSTREAM_TYP), &no_jti)),
+        ("ver 3", app.sign(Some(UPSTREAM_TYP), &v3)),
+        ("bad selector", app.sign(Some(UPSTREAM_TYP), &bad_selector)),
     ] {
         let r = get("/v1/cas/usage", "/team/notes", &t).await?;
         assert_eq!(r.status(), 401, "{what}");
@@ -191,7 +147,7 @@ async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<(
     header.typ = Some("unidocs-cap+jwt".into());
     let ed_token = jsonwebtoken::encode(
         &header,
-        &v2_claims(&ed, "/team/**", ALL),
+        &ed.v2_claims("/team/**", ALL),
         &EncodingKey::from_ed_pem(ed.key.private_pem.as_bytes())?,
     )?;
     let r = web
@@ -230,9 +186,10 @@ async fn an_upstream_client_works_on_path_spaces(b: Backend) -> anyhow::Result<(
     Ok(())
 }
 
-/// Browser clients: the data plane answers CORS preflights from the allowed origins and
-/// exposes the headers a client reads; the admin plane answers none. Lease bodies accept
-/// unknown fields and refuse a zero duration.
+/// Browser clients: without `cors_origins` nothing is answered cross-origin; with it, the data
+/// plane answers CORS preflights from the allowed origins and exposes the headers a client
+/// reads; the admin plane answers none. Lease bodies accept unknown fields and refuse a zero
+/// duration.
 async fn browser_clients_and_lenient_bodies(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let web = reqwest::Client::new();
@@ -249,6 +206,14 @@ async fn browser_clients_and_lenient_bodies(b: Backend) -> anyhow::Result<()> {
     let node_path = format!("/v1/cas/nodes/{h}?appId=hub&spaceId=s");
     {
         let server = env.start()?;
+        let r = preflight(&server, &node_path, "https://pages.example").await?;
+        assert!(
+            r.headers().get("access-control-allow-origin").is_none(),
+            "CORS is off by default"
+        );
+    }
+    {
+        let server = env.start_with(&[("UNICAS_CORS_ORIGINS", "*")])?;
         let client = app.client(&server);
         client.ensure_node(&sp, &h, &bytes, 60_000).await?;
         let r = preflight(&server, &node_path, "https://pages.example").await?;
@@ -277,10 +242,9 @@ async fn browser_clients_and_lenient_bodies(b: Backend) -> anyhow::Result<()> {
         let exposed = r.headers()["access-control-expose-headers"]
             .to_str()?
             .to_lowercase();
-        assert!(
-            exposed.contains("x-cas-refs") && exposed.contains("content-range"),
-            "{exposed}"
-        );
+        for header in ["x-cas-refs", "content-range", "content-length"] {
+            assert!(exposed.contains(header), "{header}: {exposed}");
+        }
         // The admin plane (cookies) and the operations routes (no capability) never answer
         // cross-origin.
         for path in ["/admin/session", "/healthz", "/metrics"] {

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use cas_format::{AppId, Hash, SpaceId};
+use cas_format::{AppId, Hash, RefDomain, SpaceId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -395,6 +395,7 @@ async fn app_usage(
 #[serde(rename_all = "camelCase")]
 struct ListQuery {
     space_id: Option<SpaceId>,
+    ref_domain: Option<RefDomain>,
     hash: Option<Hash>,
     limit: Option<u32>,
     cursor: Option<String>,
@@ -411,6 +412,7 @@ impl ListQuery {
     fn filter(&self) -> RefFilter<'_> {
         RefFilter {
             space: self.space_id.as_ref(),
+            domain: self.ref_domain.as_ref(),
             hash: self.hash.as_ref(),
         }
     }
@@ -427,7 +429,7 @@ async fn root_refs(
     let current = svc.meta.app_revision(&app).await?.unwrap_or(0);
     let (revision, after): (i64, Option<BalanceCursor>) = match &q.cursor {
         Some(c) => {
-            let (rev, after) = decode_cursor(c, true)?;
+            let (rev, after) = decode_cursor(c, None)?;
             if rev > current {
                 return Err(ApiError::invalid("invalid cursor"));
             }
@@ -442,12 +444,12 @@ async fn root_refs(
     let more = rows.len() as i64 > limit;
     let rows: Vec<_> = rows.into_iter().take(limit as usize).collect();
     let next = match (more, rows.last()) {
-        (true, Some((s, h, _))) => Some(encode_cursor(revision, Some(s), h)),
+        (true, Some(last)) => Some(encode_cursor(revision, &last.cursor(), true)),
         _ => None,
     };
     let items: Vec<Value> = rows
         .into_iter()
-        .map(|(s, h, c)| json!({"spaceId": s, "hash": h, "refCount": c}))
+        .map(|b| json!({"spaceId": b.space, "refDomain": b.domain, "hash": b.hash, "refCount": b.ref_count}))
         .collect();
     Ok(Json(
         json!({"revision": revision, "items": items, "nextCursor": next}),
@@ -533,12 +535,17 @@ async fn gc(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ReconcileBody {
     watermark: String,
+    /// The domain compared (the default one when absent).
+    #[serde(default)]
+    ref_domain: RefDomain,
     balances: Vec<reconcile::Intended>,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct WatermarkQuery {
     watermark: Option<String>,
+    ref_domain: Option<RefDomain>,
 }
 
 async fn reconcile(
@@ -555,30 +562,32 @@ async fn reconcile(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/csv") || v.starts_with("text/plain"));
-    let (watermark, intended) = if csv {
+    let (watermark, domain, intended) = if csv {
         let text =
             std::str::from_utf8(&bytes).map_err(|_| ApiError::invalid("the CSV is not UTF-8"))?;
         let watermark = q
             .watermark
             .ok_or_else(|| ApiError::invalid("a CSV comparison needs ?watermark="))?;
-        (watermark, reconcile::parse_csv(text)?)
+        let domain = q.ref_domain.unwrap_or_default();
+        (watermark, domain, reconcile::parse_csv(text)?)
     } else {
         let b: ReconcileBody = parse_json(&bytes)?;
-        (b.watermark, b.balances)
+        (b.watermark, b.ref_domain, b.balances)
     };
     if watermark.trim().is_empty() || watermark.len() > 256 {
         return Err(ApiError::invalid(
             "the watermark must be 1..=256 characters",
         ));
     }
-    let comparison = svc.reconcile(&app, watermark, intended).await?;
+    let comparison = svc.reconcile(&app, &domain, watermark, intended).await?;
     admin
         .audit(
             &svc,
             "reconcile.compare",
             Some(&app),
             json!({
-                "watermark": comparison.watermark, "revision": comparison.revision,
+                "watermark": comparison.watermark, "refDomain": comparison.ref_domain,
+                "revision": comparison.revision,
                 "compared": comparison.compared, "differences": comparison.differences.len(),
             }),
         )
@@ -598,6 +607,9 @@ struct Repair {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApplyBody {
     watermark: String,
+    /// The domain repaired (the default one when absent).
+    #[serde(default)]
+    ref_domain: RefDomain,
     repairs: Vec<Repair>,
 }
 
@@ -621,7 +633,7 @@ async fn apply(
         .collect();
     let actor = format!("admin:{}", admin.account.id);
     let (revision, updates, balances) = svc
-        .apply_repairs(&app, &req.watermark, &repairs, &actor)
+        .apply_repairs(&app, &req.ref_domain, &req.watermark, &repairs, &actor)
         .await?;
     admin
         .audit(
@@ -629,16 +641,16 @@ async fn apply(
             "reconcile.apply",
             Some(&app),
             json!({
-                "watermark": req.watermark, "updates": updates,
+                "watermark": req.watermark, "refDomain": req.ref_domain, "updates": updates,
             }),
         )
         .await?;
     let balances: Vec<Value> = balances
         .into_iter()
-        .map(|(s, h, c)| json!({"spaceId": s, "hash": h, "refCount": c}))
+        .map(|(s, h, c)| json!({"spaceId": s, "refDomain": req.ref_domain, "hash": h, "refCount": c}))
         .collect();
     Ok(Json(
-        json!({"revision": revision, "updates": updates, "balances": balances}),
+        json!({"revision": revision, "refDomain": req.ref_domain, "updates": updates, "balances": balances}),
     ))
 }
 

@@ -1,18 +1,19 @@
-//! Reconciliation: an administrator supplies the balances a business system intends (with its
-//! source watermark); the service reads its own balances at one revision and returns every
-//! difference with the events that touched that hash. A confirmed repair is applied as normal
-//! signed deltas (one per Space, at most 1000 changes each) with deterministic request ids and
-//! the administrator as actor, then read back at the new revision. The projection is never
-//! edited directly.
+//! Reconciliation: an administrator supplies the balances a business system intends in one
+//! root-ref domain (with its source watermark); the service reads its own balances of that
+//! domain at one revision and returns every difference with the events that touched that hash
+//! in it. A confirmed repair is applied as normal signed deltas in that domain (one per Space,
+//! at most 1000 changes each) with deterministic request ids and the administrator as actor,
+//! then read back at the new revision. The projection is never edited directly.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use cas_format::{AppId, Hash, RequestId, SpaceId};
+use cas_format::{AppId, Hash, RefDomain, RequestId, SpaceId};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{BalanceCursor, RefFilter, RootRefEvent};
+use crate::meta::{BalanceCursor, MAX_ROOT_REF_COUNT, RefFilter, RootRefEvent};
+
 use crate::root_refs::{MAX_CHANGES, MAX_DELTA};
 use crate::{Service, now_ms};
 
@@ -36,6 +37,7 @@ pub struct Intended {
 pub struct EventView {
     pub revision: i64,
     pub space_id: String,
+    pub ref_domain: RefDomain,
     pub request_id: String,
     pub changes: serde_json::Value,
     pub actor: String,
@@ -47,6 +49,7 @@ impl From<RootRefEvent> for EventView {
         EventView {
             revision: e.revision,
             space_id: e.space_id.into_string(),
+            ref_domain: e.ref_domain,
             request_id: e.request_id,
             changes: serde_json::from_str(&e.changes).unwrap_or(serde_json::Value::Null),
             actor: e.actor,
@@ -71,6 +74,7 @@ pub struct Difference {
 #[serde(rename_all = "camelCase")]
 pub struct Comparison {
     pub revision: i64,
+    pub ref_domain: RefDomain,
     pub watermark: String,
     pub compared: usize,
     pub differences: Vec<Difference>,
@@ -106,11 +110,12 @@ pub fn parse_csv(text: &str) -> ApiResult<Vec<Intended>> {
 }
 
 impl Service {
-    /// Every current balance of one Space at `revision`.
+    /// Every balance of one Space in one domain at `revision`.
     async fn space_balances(
         &self,
         app: &AppId,
         space: &SpaceId,
+        domain: &RefDomain,
         revision: i64,
     ) -> ApiResult<BTreeMap<Hash, i64>> {
         let mut out = BTreeMap::new();
@@ -122,6 +127,7 @@ impl Service {
                     app,
                     RefFilter {
                         space: Some(space),
+                        domain: Some(domain),
                         hash: None,
                     },
                     revision,
@@ -129,22 +135,20 @@ impl Service {
                     5000,
                 )
                 .await?;
-            let Some((_, last, _)) = page.last() else {
+            let Some(last) = page.last() else {
                 break;
             };
-            cursor = Some(BalanceCursor {
-                space: Some(space.clone()),
-                hash: *last,
-            });
-            out.extend(page.into_iter().map(|(_, h, c)| (h, c)));
+            cursor = Some(last.cursor());
+            out.extend(page.into_iter().map(|b| (b.hash, b.ref_count)));
         }
         Ok(out)
     }
 
-    /// Compares intended balances with the CAS's, for the Spaces they name.
+    /// Compares intended balances of one domain with the CAS's, for the Spaces they name.
     pub async fn reconcile(
         &self,
         app: &AppId,
+        domain: &RefDomain,
         watermark: String,
         intended: Vec<Intended>,
     ) -> ApiResult<Comparison> {
@@ -155,9 +159,10 @@ impl Service {
         }
         let mut wanted: BTreeMap<(SpaceId, Hash), i64> = BTreeMap::new();
         for i in &intended {
-            if i.count < 0 {
+            // A domain's balance may be below zero; it stays a JSON-safe integer.
+            if i.count.abs() > MAX_ROOT_REF_COUNT {
                 return Err(ApiError::invalid(format!(
-                    "the intended count of {} is negative",
+                    "the intended count of {} is beyond ±(2^53 - 1)",
                     i.hash
                 )));
             }
@@ -175,7 +180,7 @@ impl Service {
         let spaces: BTreeSet<SpaceId> = wanted.keys().map(|(s, _)| s.clone()).collect();
         let mut differences = Vec::new();
         for space in &spaces {
-            let actual = self.space_balances(app, space, revision).await?;
+            let actual = self.space_balances(app, space, domain, revision).await?;
             let hashes: BTreeSet<Hash> = actual
                 .keys()
                 .copied()
@@ -193,6 +198,7 @@ impl Service {
                         app,
                         RefFilter {
                             space: Some(space),
+                            domain: Some(domain),
                             hash: Some(&hash),
                         },
                         0,
@@ -215,6 +221,7 @@ impl Service {
         }
         Ok(Comparison {
             revision,
+            ref_domain: domain.clone(),
             watermark,
             compared: wanted.len(),
             differences,
@@ -226,6 +233,7 @@ impl Service {
     pub async fn apply_repairs(
         &self,
         app: &AppId,
+        domain: &RefDomain,
         watermark: &str,
         repairs: &[(SpaceId, Hash, i64)],
         actor: &str,
@@ -266,13 +274,13 @@ impl Service {
                     .map(|b| format!("{b:02x}"))
                     .collect();
                 let request_id: RequestId =
-                    format!("admin-repair:{watermark_id}:{space}:{part}:{digest}")
+                    format!("admin-repair:{watermark_id}:{domain}:{space}:{part}:{digest}")
                         .parse()
                         .map_err(|e| ApiError::internal("building a request id", e))?;
                 let payload = crate::root_refs::check_changes(&chunk)?;
                 let mut p = self.meta.gate(app, space).await?;
                 let result = p
-                    .update_root_refs(&request_id, &chunk, &payload, actor, now_ms())
+                    .update_root_refs(domain, &request_id, &chunk, &payload, actor, now_ms())
                     .await?;
                 let (revision, idempotent) = result.map_err(crate::root_refs::rejection)?;
                 p.commit().await?;
@@ -291,6 +299,7 @@ impl Service {
                         app,
                         RefFilter {
                             space: Some(space),
+                            domain: Some(domain),
                             hash: Some(hash),
                         },
                         revision,
@@ -298,7 +307,7 @@ impl Service {
                         1,
                     )
                     .await?;
-                balances.push((space.clone(), *hash, row.first().map_or(0, |(_, _, c)| *c)));
+                balances.push((space.clone(), *hash, row.first().map_or(0, |b| b.ref_count)));
             }
         }
         Ok((revision, updates, balances))

@@ -365,7 +365,7 @@ pub async fn update_root_refs(
             permission::ROOT_REFS_UPDATE,
         )
         .await?;
-    crate::root_refs::check_ref_domain(&cap)?;
+    let domain = crate::root_refs::ref_domain_of(&cap)?;
     let bytes = bounded_bytes(body, limit).await?;
     if bytes.is_empty() {
         return Err(ApiError::invalid(
@@ -374,7 +374,7 @@ pub async fn update_root_refs(
     }
     let update: RootRefUpdate = parse_json(&bytes)?;
     Ok(Json(
-        svc.update_root_refs(&q.app_id, &q.space_id, &update, &cap.actor)
+        svc.update_root_refs(&q.app_id, &q.space_id, &domain, &update, &cap.actor)
             .await?,
     ))
 }
@@ -394,7 +394,7 @@ pub async fn list_root_refs(
     let cap = svc
         .authorize(&headers, &q.app_id, &q.space_id, permission::ROOT_REFS_READ)
         .await?;
-    crate::root_refs::check_ref_domain(&cap)?;
+    let domain = crate::root_refs::ref_domain_of(&cap)?;
     let limit = q.limit.unwrap_or(ROOT_REFS_DEFAULT_LIMIT);
     if !(1..=ROOT_REFS_MAX_LIMIT).contains(&limit) {
         return Err(ApiError::invalid(format!(
@@ -402,7 +402,7 @@ pub async fn list_root_refs(
         )));
     }
     Ok(Json(
-        svc.root_ref_page(&q.app_id, &q.space_id, limit, q.cursor.as_deref())
+        svc.root_ref_page(&q.app_id, &q.space_id, &domain, limit, q.cursor.as_deref())
             .await?,
     ))
 }

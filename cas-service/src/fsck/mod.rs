@@ -31,6 +31,7 @@ use crate::meta::{
 };
 use crate::{Service, now_ms};
 
+mod balances;
 mod packs;
 
 use packs::PackIndex;
@@ -327,41 +328,6 @@ impl Service {
                     "object-hash",
                     format!("{space}/{}: {}", row.hash, e.message),
                 ),
-            }
-        }
-        Ok(())
-    }
-
-    /// Check 3.
-    async fn check_balances(
-        &self,
-        opts: &FsckOptions,
-        report: &mut FsckReport,
-    ) -> anyhow::Result<()> {
-        let in_scope = |space: &str| opts.space.as_ref().is_none_or(|s| s.as_str() == space);
-        let events = self.meta.event_sums(&opts.app).await?;
-        let balances = self.meta.current_balances(&opts.app).await?;
-        let nodes = self.meta.node_root_counts(&opts.app).await?;
-        let keys: BTreeSet<&(String, Hash)> = events
-            .keys()
-            .chain(balances.keys())
-            .chain(nodes.keys())
-            .collect();
-        for key in keys {
-            if !in_scope(&key.0) {
-                continue;
-            }
-            let e = events.get(key).copied().unwrap_or(0);
-            let b = balances.get(key).copied().unwrap_or(0);
-            let n = nodes.get(key).copied().unwrap_or(0);
-            if e != b || b != n {
-                report.bad(
-                    "root-ref-balance",
-                    format!(
-                        "{}/{}: events sum to {e}, the projection holds {b}, the node counts {n}",
-                        key.0, key.1
-                    ),
-                );
             }
         }
         Ok(())

@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::generations::{GEN_COLUMNS, generation_from_row};
 use super::nodes::{NODE_COLUMNS, node_from_row};
-use super::{Generation, MetaStore, NodeRow, hash_col, hb, id_col};
+use super::{BalanceMap, Generation, MetaStore, NodeRow, hash_col, hb, id_col};
 
 /// A count that disagrees with the rows it counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,19 +156,24 @@ impl MetaStore {
         Ok(out)
     }
 
-    /// Current balance projection rows of an App, by (space, hash).
-    pub async fn current_balances(
-        &self,
-        app: &AppId,
-    ) -> Result<BTreeMap<(String, Hash), i64>, sqlx::Error> {
+    /// Current balance projection rows of an App, by (space, domain, hash).
+    pub async fn current_balances(&self, app: &AppId) -> Result<BalanceMap, sqlx::Error> {
         sqlx::query(
-            "SELECT space_id, hash, ref_count FROM root_ref_balances WHERE app_id = $1 AND revision_to IS NULL",
+            "SELECT space_id, ref_domain, hash, ref_count FROM root_ref_balances \
+             WHERE app_id = $1 AND revision_to IS NULL",
         )
         .bind(app.as_str())
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(|r| Ok(((r.try_get("space_id")?, hash_col(r, "hash")?), r.try_get("ref_count")?)))
+        .map(|r| {
+            let key = (
+                r.try_get("space_id")?,
+                id_col(r, "ref_domain")?,
+                hash_col(r, "hash")?,
+            );
+            Ok((key, r.try_get("ref_count")?))
+        })
         .collect()
     }
 

@@ -39,6 +39,7 @@ mod gc;
 mod generations;
 mod nodes;
 mod packs;
+mod root_ref_reads;
 mod root_refs;
 mod usage;
 
@@ -49,9 +50,11 @@ pub use gc::{Backlog, Marked, RetiringGeneration};
 pub use generations::{Evidence, GenState, Generation, TargetKind, parse_object_name};
 pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, PackSpan, StoredObject};
 pub use packs::{PackRow, PackState, PackedEntry};
+pub use root_ref_reads::{
+    Balance, BalanceCursor, BalanceMap, RefFilter, RootRefEvent, sum_over_domains,
+};
 pub use root_refs::{
-    BalanceCursor, MAX_BATCH_HASHES, RefFilter, RootRefChange, RootRefEvent, RootRefOutcome,
-    RootRefRejection,
+    MAX_BATCH_HASHES, MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection,
 };
 pub use usage::UsageDelta;
 

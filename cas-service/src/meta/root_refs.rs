@@ -1,13 +1,17 @@
 //! Root references: one transaction per accepted update (idempotency, App-global revision,
-//! counts, event, versioned balance projection), and reads of balances and events at one
-//! revision.
+//! counts, event, versioned balance projection). Reads are in `root_ref_reads`.
+//!
+//! Balances are kept per (Space, domain, hash); a node's `root_ref_count` is their sum over
+//! domains. As the public contract has it, only that sum must stay at or above zero: a domain's
+//! own balance may go below zero (one domain releasing what another took), and every count
+//! stays within ±(2^53 − 1).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use cas_format::{AppId, Hash, RequestId, SpaceId};
+use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
-use super::{MetaStore, Partition, hash_col, hb, id_col, placeholders, value_rows};
+use super::{Partition, hash_col, hb, id_col, placeholders, value_rows};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
 pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
@@ -27,40 +31,10 @@ pub enum RootRefRejection {
     Overflow(Hash),
 }
 
-/// One event of the App-global root-ref stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RootRefEvent {
-    pub revision: i64,
-    pub space_id: SpaceId,
-    pub request_id: String,
-    /// JSON object of hash to delta.
-    pub changes: String,
-    pub actor: String,
-    pub applied_at: i64,
-}
-
-/// Which balances or events to read.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RefFilter<'a> {
-    pub space: Option<&'a SpaceId>,
-    pub hash: Option<&'a Hash>,
-}
-
-enum Bind {
-    Text(String),
-    Bytes(Vec<u8>),
-}
-
-/// Where a page of balances continues: after (space, hash).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BalanceCursor {
-    pub space: Option<SpaceId>,
-    pub hash: Hash,
-}
-
 /// One root-ref update of a batch that [`Partition::update_root_refs_many`] applies together.
 #[derive(Debug, Clone, Copy)]
 pub struct RootRefChange<'a> {
+    pub domain: &'a RefDomain,
     pub request_id: &'a RequestId,
     pub changes: &'a BTreeMap<Hash, i64>,
     pub payload_hash: &'a Hash,
@@ -87,6 +61,7 @@ impl Partition {
     /// Applies one root-ref update, or replays it. Returns `(revision, idempotent)`.
     pub async fn update_root_refs(
         &mut self,
+        domain: &RefDomain,
         request_id: &RequestId,
         changes: &BTreeMap<Hash, i64>,
         payload_hash: &Hash,
@@ -94,6 +69,7 @@ impl Partition {
         now: i64,
     ) -> Result<RootRefOutcome, sqlx::Error> {
         let change = RootRefChange {
+            domain,
             request_id,
             changes,
             payload_hash,
@@ -120,7 +96,8 @@ impl Partition {
         let (app, space) = (self.app.clone(), self.space.clone());
         let earlier = self.earlier_requests(updates).await?;
         let counts = self.current_counts(updates).await?;
-        let (planned, steps) = plan(updates, &earlier, counts);
+        let balances = self.open_balances(updates).await?;
+        let (planned, steps) = plan(updates, &earlier, counts, balances);
         let accepted = steps.len() as i64;
         let finish = |planned: Vec<Planned>, base: i64| -> Vec<RootRefOutcome> {
             planned
@@ -147,15 +124,16 @@ impl Partition {
         let base = last - accepted;
         // The final counts (absolute: the gate is held), from a VALUES list.
         let mut finals: BTreeMap<Hash, i64> = BTreeMap::new();
-        // Each hash's balance history in this batch: (revision, count after it).
-        let mut history: BTreeMap<Hash, Vec<(i64, i64)>> = BTreeMap::new();
+        // Each (domain, hash) balance's history in this batch: (revision, balance after it).
+        let mut history: BTreeMap<(&RefDomain, Hash), Vec<(i64, i64)>> = BTreeMap::new();
         for (k, step) in steps.iter().enumerate() {
-            for (hash, count) in &step.results {
-                finals.insert(*hash, *count);
+            let domain = updates[step.update].domain;
+            for r in &step.results {
+                finals.insert(r.hash, r.count);
                 history
-                    .entry(*hash)
+                    .entry((domain, r.hash))
                     .or_default()
-                    .push((base + 1 + k as i64, *count));
+                    .push((base + 1 + k as i64, r.balance));
             }
         }
         let values = value_rows(3, 2, finals.len(), |p| format!("({})", p.join(", ")));
@@ -169,50 +147,60 @@ impl Partition {
             q = q.bind(hb(hash)).bind(*count);
         }
         q.execute(&mut **self.tx()).await?;
-        // The open balance of each hash closes at the first revision that changes it.
+        // The open balance of each (domain, hash) closes at the first revision that changes it.
+        let values = value_rows(3, 3, history.len(), |p| format!("({})", p.join(", ")));
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE root_ref_balances SET revision_to = v.column2 FROM (VALUES {values}) AS v \
+            "UPDATE root_ref_balances SET revision_to = v.column3 FROM (VALUES {values}) AS v \
              WHERE root_ref_balances.app_id = $1 AND root_ref_balances.space_id = $2 \
-             AND root_ref_balances.revision_to IS NULL AND root_ref_balances.hash = v.column1"
+             AND root_ref_balances.revision_to IS NULL \
+             AND root_ref_balances.ref_domain = v.column1 AND root_ref_balances.hash = v.column2"
         )))
         .bind(app.as_str())
         .bind(space.as_str());
-        for (hash, revisions) in &history {
-            q = q.bind(hb(hash)).bind(revisions[0].0);
+        for ((domain, hash), revisions) in &history {
+            q = q.bind(domain.as_str()).bind(hb(hash)).bind(revisions[0].0);
         }
         q.execute(&mut **self.tx()).await?;
-        // Then one row per positive count, open until the next revision that changes it.
-        let rows: Vec<(&Hash, i64, i64, Option<i64>)> = history
+        // Then one row per non-zero balance, open until the next revision that changes it.
+        let rows: Vec<(&RefDomain, &Hash, i64, i64, Option<i64>)> = history
             .iter()
-            .flat_map(|(hash, revisions)| {
+            .flat_map(|((domain, hash), revisions)| {
                 revisions
                     .iter()
                     .enumerate()
                     .filter_map(move |(i, (from, count))| {
                         let to = revisions.get(i + 1).map(|(next, _)| *next);
-                        (*count > 0).then_some((hash, *count, *from, to))
+                        (*count != 0).then_some((*domain, hash, *count, *from, to))
                     })
             })
             .collect();
         if !rows.is_empty() {
-            let values = value_rows(3, 4, rows.len(), |p| format!("($1, $2, {})", p.join(", ")));
+            let values = value_rows(3, 5, rows.len(), |p| format!("($1, $2, {})", p.join(", ")));
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO root_ref_balances \
-                 (app_id, space_id, hash, ref_count, revision_from, revision_to) VALUES {values}"
+                "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count, \
+                 revision_from, revision_to) VALUES {values}"
             )))
             .bind(app.as_str())
             .bind(space.as_str());
-            for (hash, count, from, to) in rows {
-                q = q.bind(hb(hash)).bind(count).bind(from).bind(to);
+            for (domain, hash, count, from, to) in rows {
+                q = q
+                    .bind(domain.as_str())
+                    .bind(hb(hash))
+                    .bind(count)
+                    .bind(from)
+                    .bind(to);
             }
             q.execute(&mut **self.tx()).await?;
         }
-        let values = value_rows(4, 4, steps.len(), |p| {
-            format!("($1, {}, $2, {}, {}, {}, $3)", p[0], p[1], p[2], p[3])
+        let values = value_rows(4, 5, steps.len(), |p| {
+            format!(
+                "($1, {}, $2, {}, {}, {}, {}, $3)",
+                p[0], p[1], p[2], p[3], p[4]
+            )
         });
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO root_ref_events \
-             (app_id, revision, space_id, request_id, changes, actor, applied_at) VALUES {values}"
+            "INSERT INTO root_ref_events (app_id, revision, space_id, ref_domain, request_id, \
+             changes, actor, applied_at) VALUES {values}"
         )))
         .bind(app.as_str())
         .bind(space.as_str())
@@ -223,21 +211,23 @@ impl Partition {
                 serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
             q = q
                 .bind(base + 1 + k as i64)
+                .bind(u.domain.as_str())
                 .bind(u.request_id.as_str())
                 .bind(changes_json)
                 .bind(u.actor);
         }
         q.execute(&mut **self.tx()).await?;
-        let values = value_rows(3, 3, steps.len(), |p| format!("($1, $2, {})", p.join(", ")));
+        let values = value_rows(3, 4, steps.len(), |p| format!("($1, $2, {})", p.join(", ")));
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO root_ref_requests (app_id, space_id, request_id, payload_hash, revision) \
-             VALUES {values}"
+            "INSERT INTO root_ref_requests \
+             (app_id, space_id, ref_domain, request_id, payload_hash, revision) VALUES {values}"
         )))
         .bind(app.as_str())
         .bind(space.as_str());
         for (k, step) in steps.iter().enumerate() {
             let u = &updates[step.update];
             q = q
+                .bind(u.domain.as_str())
                 .bind(u.request_id.as_str())
                 .bind(hb(u.payload_hash))
                 .bind(base + 1 + k as i64);
@@ -246,8 +236,8 @@ impl Partition {
         Ok(finish(planned, base))
     }
 
-    /// The rows that `select` (a `SELECT … FROM table`) finds in this partition whose
-    /// `column` is one of `keys`.
+    /// The rows that `select` (a `SELECT … FROM table WHERE <condition>`) finds in this
+    /// partition whose `column` is one of `keys`.
     async fn rows_in<T>(
         &mut self,
         select: &str,
@@ -258,7 +248,7 @@ impl Partition {
         T: for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + Send + 'static,
     {
         let sql = format!(
-            "{select} WHERE app_id = $1 AND space_id = $2 AND {column} IN ({})",
+            "{select} AND app_id = $1 AND space_id = $2 AND {column} IN ({})",
             placeholders(3, keys.len())
         );
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -271,14 +261,15 @@ impl Partition {
     }
 
     /// The requests of this partition among the updates' ids that were applied before:
-    /// request id to (payload hash, revision).
+    /// (domain, request id) to (payload hash, revision).
     async fn earlier_requests(
         &mut self,
         updates: &[RootRefChange<'_>],
-    ) -> Result<HashMap<String, (Vec<u8>, i64)>, sqlx::Error> {
+    ) -> Result<HashMap<(RefDomain, String), (Vec<u8>, i64)>, sqlx::Error> {
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
         self.rows_in(
-            "SELECT request_id, payload_hash, revision FROM root_ref_requests",
+            "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
+             WHERE TRUE",
             "request_id",
             ids.into_iter().map(str::to_string).collect(),
         )
@@ -286,8 +277,33 @@ impl Partition {
         .iter()
         .map(|r| {
             Ok((
-                r.try_get("request_id")?,
+                (id_col(r, "ref_domain")?, r.try_get("request_id")?),
                 (r.try_get("payload_hash")?, r.try_get("revision")?),
+            ))
+        })
+        .collect()
+    }
+
+    /// The open (current) balance of every (domain, hash) among the hashes the updates name.
+    async fn open_balances(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+    ) -> Result<HashMap<(RefDomain, Hash), i64>, sqlx::Error> {
+        let hashes: BTreeSet<Hash> = updates
+            .iter()
+            .flat_map(|u| u.changes.keys().copied())
+            .collect();
+        self.rows_in(
+            "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE revision_to IS NULL",
+            "hash",
+            hashes.iter().map(hb).collect(),
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok((
+                (id_col(r, "ref_domain")?, hash_col(r, "hash")?),
+                r.try_get("ref_count")?,
             ))
         })
         .collect()
@@ -304,7 +320,7 @@ impl Partition {
             .flat_map(|u| u.changes.keys().copied())
             .collect();
         self.rows_in(
-            "SELECT hash, root_ref_count, collecting_since FROM nodes",
+            "SELECT hash, root_ref_count, collecting_since FROM nodes WHERE TRUE",
             "hash",
             hashes.iter().map(hb).collect(),
         )
@@ -321,52 +337,62 @@ impl Partition {
     }
 }
 
-/// An accepted update: which one, and the counts it leaves.
-struct Step {
-    update: usize,
-    results: Vec<(Hash, i64)>,
+/// What an accepted update leaves for one hash: the node's count and the domain's balance.
+struct StepResult {
+    hash: Hash,
+    count: i64,
+    balance: i64,
 }
 
-/// Decides every update in order against the running counts: replays (of earlier requests or
-/// of one earlier in the batch), refusals, and the accepted steps in revision order.
+/// An accepted update: which one, and what it leaves.
+struct Step {
+    update: usize,
+    results: Vec<StepResult>,
+}
+
+/// Decides every update in order against the running counts and balances: replays (of earlier
+/// requests or of one earlier in the batch), refusals, and the accepted steps in revision
+/// order. Request ids are scoped to their domain.
 fn plan(
     updates: &[RootRefChange<'_>],
-    earlier: &HashMap<String, (Vec<u8>, i64)>,
+    earlier: &HashMap<(RefDomain, String), (Vec<u8>, i64)>,
     mut counts: HashMap<Hash, (i64, bool)>,
+    mut balances: HashMap<(RefDomain, Hash), i64>,
 ) -> (Vec<Planned>, Vec<Step>) {
     let mut steps: Vec<Step> = Vec::new();
-    // Request ids accepted in this batch: payload hash and step number (1..).
-    let mut in_batch: HashMap<&str, (&Hash, i64)> = HashMap::new();
+    // Requests accepted in this batch: payload hash and step number (1..).
+    let mut in_batch: HashMap<(&RefDomain, &str), (&Hash, i64)> = HashMap::new();
     let planned = updates
         .iter()
         .enumerate()
         .map(|(i, u)| {
             let id = u.request_id.as_str();
-            if let Some((stored, revision)) = earlier.get(id) {
+            if let Some((stored, revision)) = earlier.get(&(u.domain.clone(), id.to_string())) {
                 return Planned::Done(if stored.as_slice() == u.payload_hash.as_bytes() {
                     Ok((*revision, true))
                 } else {
                     Err(RootRefRejection::IdempotencyConflict)
                 });
             }
-            if let Some((payload, k)) = in_batch.get(id) {
+            if let Some((payload, k)) = in_batch.get(&(u.domain, id)) {
                 return if *payload == u.payload_hash {
                     Planned::Replayed(*k)
                 } else {
                     Planned::Done(Err(RootRefRejection::IdempotencyConflict))
                 };
             }
-            match check(u.changes, &counts) {
+            match check(u, &counts, &balances) {
                 Err(rejection) => Planned::Done(Err(rejection)),
                 Ok(results) => {
-                    for (hash, count) in &results {
-                        if let Some(c) = counts.get_mut(hash) {
-                            c.0 = *count;
+                    for r in &results {
+                        if let Some(c) = counts.get_mut(&r.hash) {
+                            c.0 = r.count;
                         }
+                        balances.insert((u.domain.clone(), r.hash), r.balance);
                     }
                     steps.push(Step { update: i, results });
                     let k = steps.len() as i64;
-                    in_batch.insert(id, (u.payload_hash, k));
+                    in_batch.insert((u.domain, id), (u.payload_hash, k));
                     Planned::Applied(k)
                 }
             }
@@ -375,13 +401,14 @@ fn plan(
     (planned, steps)
 }
 
-/// The counts one update leaves, or why it is refused.
+/// What one update leaves, or why it is refused.
 fn check(
-    changes: &BTreeMap<Hash, i64>,
+    u: &RootRefChange<'_>,
     counts: &HashMap<Hash, (i64, bool)>,
-) -> Result<Vec<(Hash, i64)>, RootRefRejection> {
-    let mut results = Vec::with_capacity(changes.len());
-    for (hash, delta) in changes {
+    balances: &HashMap<(RefDomain, Hash), i64>,
+) -> Result<Vec<StepResult>, RootRefRejection> {
+    let mut results = Vec::with_capacity(u.changes.len());
+    for (hash, delta) in u.changes {
         let Some((count, ready)) = counts.get(hash).copied() else {
             return Err(RootRefRejection::UnknownNode(*hash));
         };
@@ -395,166 +422,19 @@ fn check(
                 result,
             });
         }
-        if result > MAX_ROOT_REF_COUNT {
+        let balance = balances
+            .get(&(u.domain.clone(), *hash))
+            .copied()
+            .unwrap_or(0)
+            + delta;
+        if result > MAX_ROOT_REF_COUNT || balance.abs() > MAX_ROOT_REF_COUNT {
             return Err(RootRefRejection::Overflow(*hash));
         }
-        results.push((*hash, result));
+        results.push(StepResult {
+            hash: *hash,
+            count: result,
+            balance,
+        });
     }
     Ok(results)
-}
-
-fn event_from_row(r: &sqlx::any::AnyRow) -> Result<RootRefEvent, sqlx::Error> {
-    Ok(RootRefEvent {
-        revision: r.try_get("revision")?,
-        space_id: id_col(r, "space_id")?,
-        request_id: r.try_get("request_id")?,
-        changes: r.try_get("changes")?,
-        actor: r.try_get("actor")?,
-        applied_at: r.try_get("applied_at")?,
-    })
-}
-
-impl MetaStore {
-    /// The App's current revision, or `None` for an unknown App.
-    pub async fn app_revision(&self, app: &AppId) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query("SELECT revision FROM apps WHERE app_id = $1")
-            .bind(app.as_str())
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|r| r.try_get("revision"))
-            .transpose()
-    }
-
-    /// Balances as they were at `revision`, ordered by (space, hash), after `cursor`, filtered.
-    pub async fn balances_at(
-        &self,
-        app: &AppId,
-        filter: RefFilter<'_>,
-        revision: i64,
-        cursor: Option<&BalanceCursor>,
-        limit: i64,
-    ) -> Result<Vec<(SpaceId, Hash, i64)>, sqlx::Error> {
-        let mut sql = String::from(
-            "SELECT space_id, hash, ref_count FROM root_ref_balances WHERE app_id = $1 \
-             AND revision_from <= $2 AND (revision_to IS NULL OR revision_to > $2)",
-        );
-        let mut n = 3;
-        let mut binds: Vec<Bind> = Vec::new();
-        if let Some(space) = filter.space {
-            sql.push_str(&format!(" AND space_id = ${n}"));
-            binds.push(Bind::Text(space.as_str().to_string()));
-            n += 1;
-        }
-        if let Some(hash) = filter.hash {
-            sql.push_str(&format!(" AND hash = ${n}"));
-            binds.push(Bind::Bytes(hb(hash)));
-            n += 1;
-        }
-        if let Some(c) = cursor {
-            let space = c
-                .space
-                .as_ref()
-                .or(filter.space)
-                .map(|s| s.as_str().to_string())
-                .unwrap_or_default();
-            sql.push_str(&format!(
-                " AND (space_id > ${n} OR (space_id = ${n} AND hash > ${}))",
-                n + 1
-            ));
-            binds.push(Bind::Text(space));
-            binds.push(Bind::Bytes(hb(&c.hash)));
-            n += 2;
-        }
-        sql.push_str(&format!(" ORDER BY space_id, hash LIMIT ${n}"));
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(app.as_str())
-            .bind(revision);
-        for b in binds {
-            q = match b {
-                Bind::Text(t) => q.bind(t),
-                Bind::Bytes(v) => q.bind(v),
-            };
-        }
-        q.bind(limit)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok((
-                    id_col(r, "space_id")?,
-                    hash_col(r, "hash")?,
-                    r.try_get("ref_count")?,
-                ))
-            })
-            .collect()
-    }
-
-    /// Events with `after < revision <= upto`, ascending, filtered (a hash filter keeps the
-    /// events whose changes name it).
-    pub async fn events(
-        &self,
-        app: &AppId,
-        filter: RefFilter<'_>,
-        after: i64,
-        upto: i64,
-        limit: i64,
-    ) -> Result<Vec<RootRefEvent>, sqlx::Error> {
-        let mut sql = String::from(
-            "SELECT revision, space_id, request_id, changes, actor, applied_at FROM root_ref_events \
-             WHERE app_id = $1 AND revision > $2 AND revision <= $3",
-        );
-        let mut n = 4;
-        let mut binds = Vec::new();
-        if let Some(space) = filter.space {
-            sql.push_str(&format!(" AND space_id = ${n}"));
-            binds.push(space.as_str().to_string());
-            n += 1;
-        }
-        if let Some(hash) = filter.hash {
-            sql.push_str(&format!(" AND changes LIKE ${n}"));
-            binds.push(format!("%\"{hash}\"%"));
-            n += 1;
-        }
-        sql.push_str(&format!(" ORDER BY revision LIMIT ${n}"));
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(app.as_str())
-            .bind(after)
-            .bind(upto);
-        for b in binds {
-            q = q.bind(b);
-        }
-        q.bind(limit)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(event_from_row)
-            .collect()
-    }
-
-    /// The sum of every event's delta per (space, hash) of an App (for consistency checks).
-    pub async fn event_sums(
-        &self,
-        app: &AppId,
-    ) -> Result<BTreeMap<(String, Hash), i64>, sqlx::Error> {
-        let mut sums: BTreeMap<(String, Hash), i64> = BTreeMap::new();
-        let mut after = 0;
-        loop {
-            let batch = self
-                .events(app, RefFilter::default(), after, i64::MAX, 1000)
-                .await?;
-            let Some(last) = batch.last() else { break };
-            after = last.revision;
-            for e in &batch {
-                let changes: BTreeMap<Hash, i64> = serde_json::from_str(&e.changes)
-                    .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
-                for (h, d) in changes {
-                    *sums
-                        .entry((e.space_id.as_str().to_string(), h))
-                        .or_default() += d;
-                }
-            }
-        }
-        sums.retain(|_, v| *v != 0);
-        Ok(sums)
-    }
 }

@@ -1,0 +1,57 @@
+//! `fsck` of root refs: each domain's balance against the sum of its events, and each node's
+//! count against the sum of its balances over domains.
+
+use std::collections::BTreeSet;
+
+use cas_format::{Hash, RefDomain};
+
+use super::{FsckOptions, FsckReport};
+use crate::Service;
+use crate::meta::sum_over_domains;
+
+impl Service {
+    /// Check 3.
+    pub(super) async fn check_balances(
+        &self,
+        opts: &FsckOptions,
+        report: &mut FsckReport,
+    ) -> anyhow::Result<()> {
+        let in_scope = |space: &str| opts.space.as_ref().is_none_or(|s| s.as_str() == space);
+        let events = self.meta.event_sums(&opts.app).await?;
+        let balances = self.meta.current_balances(&opts.app).await?;
+        let nodes = self.meta.node_root_counts(&opts.app).await?;
+        // Each domain's balance is the sum of its events.
+        let keys: BTreeSet<&(String, RefDomain, Hash)> =
+            events.keys().chain(balances.keys()).collect();
+        for key in keys.into_iter().filter(|k| in_scope(&k.0)) {
+            let e = events.get(key).copied().unwrap_or(0);
+            let b = balances.get(key).copied().unwrap_or(0);
+            if e != b {
+                report.bad(
+                    "root-ref-balance",
+                    format!(
+                        "{}/{} in domain {}: events sum to {e}, the projection holds {b}",
+                        key.0, key.2, key.1
+                    ),
+                );
+            }
+        }
+        // A node's count is the sum of its balances over domains.
+        let sums = sum_over_domains(&balances);
+        let keys: BTreeSet<&(String, Hash)> = sums.keys().chain(nodes.keys()).collect();
+        for key in keys.into_iter().filter(|k| in_scope(&k.0)) {
+            let b = sums.get(key).copied().unwrap_or(0);
+            let n = nodes.get(key).copied().unwrap_or(0);
+            if b != n {
+                report.bad(
+                    "root-ref-balance",
+                    format!(
+                        "{}/{}: the domains' balances sum to {b}, the node counts {n}",
+                        key.0, key.1
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
