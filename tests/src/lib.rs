@@ -18,6 +18,7 @@ use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId, Value};
 
 pub mod admin_session;
 pub mod content;
+pub mod contract;
 pub mod fault_proxy;
 pub mod hub;
 mod keys;
