@@ -122,6 +122,136 @@ impl Docs<'_> {
     }
 }
 
+/// Where a served document is not compatible with a contract it implements: an operation of
+/// the contract not served, a parameter missing or required on one side only, a string
+/// parameter the served document bounds more tightly, a success status missing, or a property
+/// of a success answer or of the request body that the served schema does not know.
+pub fn incompatibilities(contract: &Value, served: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, item) in contract["paths"].as_object().into_iter().flatten() {
+        for (method, op) in item.as_object().into_iter().flatten() {
+            if op.get("responses").is_none() {
+                continue;
+            }
+            let at = format!("{} {path}", method.to_uppercase());
+            let Some(ours) = served["paths"].get(path).and_then(|i| i.get(method)) else {
+                out.push(format!("{at}: not served"));
+                continue;
+            };
+            let ours_params = parameters(served, &served["paths"][path], ours);
+            for p in parameters(contract, item, op) {
+                let (place, name) = (&p["in"], &p["name"]);
+                // Header names are case-insensitive.
+                let same_name = |q: &Value| match (q["name"].as_str(), name.as_str()) {
+                    (Some(a), Some(b)) if place == "header" => a.eq_ignore_ascii_case(b),
+                    _ => &q["name"] == name,
+                };
+                let Some(q) = ours_params
+                    .iter()
+                    .find(|q| &q["in"] == place && same_name(q))
+                else {
+                    out.push(format!("{at}: parameter {name} in {place} missing"));
+                    continue;
+                };
+                if p["required"].as_bool().unwrap_or(false)
+                    != q["required"].as_bool().unwrap_or(false)
+                {
+                    out.push(format!(
+                        "{at}: parameter {name} is required on one side only"
+                    ));
+                }
+                let (ps, qs) = (
+                    resolve(contract, &p["schema"]),
+                    resolve(served, &q["schema"]),
+                );
+                if let (Some(want), Some(have)) =
+                    (ps["maxLength"].as_u64(), qs["maxLength"].as_u64())
+                    && have < want
+                {
+                    out.push(format!(
+                        "{at}: parameter {name} is at most {have} long, the contract allows {want}"
+                    ));
+                }
+            }
+            if let Some(body) = json_schema(contract, &op["requestBody"]) {
+                let have = json_schema(served, &ours["requestBody"])
+                    .map(|s| properties(served, s))
+                    .unwrap_or_default();
+                for prop in properties(contract, body).difference(&have) {
+                    out.push(format!("{at}: the request body's {prop} is unknown"));
+                }
+            }
+            for (status, response) in op["responses"].as_object().into_iter().flatten() {
+                if !status.starts_with('2') {
+                    continue;
+                }
+                let Some(served_response) = ours["responses"].get(status) else {
+                    out.push(format!("{at}: status {status} missing"));
+                    continue;
+                };
+                let Some(schema) = json_schema(contract, response) else {
+                    continue;
+                };
+                let have = json_schema(served, served_response)
+                    .map(|s| properties(served, s))
+                    .unwrap_or_default();
+                for prop in required(contract, schema).difference(&have) {
+                    out.push(format!(
+                        "{at} {status}: the answer's {prop} is not described"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The parameters of an operation, with those of its path item.
+fn parameters(doc: &Value, item: &Value, op: &Value) -> Vec<Value> {
+    [&item["parameters"], &op["parameters"]]
+        .into_iter()
+        .flat_map(|ps| ps.as_array().into_iter().flatten())
+        .map(|p| resolve(doc, p).clone())
+        .collect()
+}
+
+/// The JSON schema of a request body or a response, if it has one.
+fn json_schema<'a>(doc: &'a Value, holder: &'a Value) -> Option<&'a Value> {
+    let holder = resolve(doc, holder);
+    let schema = holder["content"].get("application/json")?.get("schema")?;
+    Some(resolve(doc, schema))
+}
+
+/// The alternatives a schema stands for (`anyOf`/`oneOf`/`allOf` members, or itself).
+fn variants<'a>(doc: &'a Value, schema: &'a Value) -> Vec<&'a Value> {
+    let schema = resolve(doc, schema);
+    let mut out = vec![schema];
+    for combinator in ["anyOf", "oneOf", "allOf"] {
+        for alt in schema[combinator].as_array().into_iter().flatten() {
+            out.extend(variants(doc, alt));
+        }
+    }
+    out
+}
+
+/// Every property a schema (any of its alternatives) names.
+fn properties(doc: &Value, schema: &Value) -> std::collections::BTreeSet<String> {
+    variants(doc, schema)
+        .into_iter()
+        .flat_map(|v| v["properties"].as_object().into_iter().flatten())
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Every property a schema (any of its alternatives) requires.
+fn required(doc: &Value, schema: &Value) -> std::collections::BTreeSet<String> {
+    variants(doc, schema)
+        .into_iter()
+        .flat_map(|v| v["required"].as_array().into_iter().flatten())
+        .filter_map(|r| r.as_str().map(str::to_string))
+        .collect()
+}
+
 /// Follows local references (`#/components/...`), a bounded number of times.
 fn resolve<'a>(doc: &'a Value, mut v: &'a Value) -> &'a Value {
     for _ in 0..16 {

@@ -86,6 +86,32 @@ async fn openapi_documents_keep_what_they_published() -> anyhow::Result<()> {
     keeps_published_contract("hub", &doc)
 }
 
+/// The served data-plane document describes what the public UniCAS contract's document has:
+/// every operation, its parameters (a path Space fits the served `spaceId`), its success
+/// statuses, and the properties of its bodies and answers.
+#[tokio::test]
+async fn the_data_plane_document_is_compatible_with_the_public_contract() -> anyhow::Result<()> {
+    let env = TestEnv::new(Backend::SQLITE_FS).await?;
+    let server = env.start()?;
+    let served = openapi_of(&server).await?;
+    let path = format!(
+        "{}/openapi/upstream-app-space-v1.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let contract: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let found = tests::openapi::incompatibilities(&contract, &served);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The comparison does find what is missing.
+    let mut less = served.clone();
+    less["paths"]["/v1/cas/usage"] = json!({});
+    less["components"]["schemas"]["RootRefPage"]["properties"]
+        .as_object_mut()
+        .map(|p| p.remove("refDomain"));
+    let found = tests::openapi::incompatibilities(&contract, &less);
+    assert_eq!(found.len(), 2, "{found:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn health_readiness_and_metrics() -> anyhow::Result<()> {
     let env = TestEnv::new(Backend::SQLITE_FS).await?;
