@@ -156,6 +156,9 @@ impl Registry {
     }
 
     async fn load(&self) -> Result<Snapshot, sqlx::Error> {
+        if crate::failpoint::hit("registry.load").await {
+            return Err(sqlx::Error::Protocol("failpoint registry.load".into()));
+        }
         let apps = self.meta.list_apps().await?;
         let keys = self.meta.list_keys(None).await?;
         let mut by_app: HashMap<AppId, HashMap<String, (Algorithm, DecodingKey)>> = HashMap::new();

@@ -15,10 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use cas_format::wire::{RootRefItem, RootRefPage, RootRefUpdate, RootRefUpdateResponse};
 use cas_format::{AppId, Hash, RefDomain, RequestId, SpaceId};
-
-use crate::capability::DomainClaim;
 use tokio::sync::{OwnedMutexGuard, oneshot};
 
+use crate::capability::DomainClaim;
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{BalanceCursor, MAX_BATCH_HASHES, RefFilter, RootRefChange, RootRefRejection};
 use crate::{Service, now_ms};

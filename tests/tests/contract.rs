@@ -384,6 +384,22 @@ async fn every_operation_answers_as_the_contract_says(b: Backend) -> anyhow::Res
         assert_eq!((s, e["error"].as_str()), (503, Some("STORAGE_ERROR")));
     }
 
+    // 401 registry_unavailable: the issuer registry cannot be read (and nothing is cached).
+    {
+        let server = env.start_with(&[("UNICAS_FAILPOINTS", "registry.load=error")])?;
+        let up = Upstream {
+            web: reqwest::Client::new(),
+            base: server.url.clone(),
+        };
+        let request = up.req(Method::GET, "/v1/cas/usage", SPACE, t);
+        let (s, e, headers) = call(c, "getUsage", request).await?;
+        assert_eq!(
+            (s, e["error"].as_str()),
+            (401, Some("registry_unavailable"))
+        );
+        assert!(headers.contains_key("retry-after"), "a client may retry");
+    }
+
     // Every status the contract lists was answered, and checked, at least once.
     let listed: BTreeSet<u16> = contract
         .operations()

@@ -101,8 +101,11 @@ checks.content_type_conformance.enabled = false
         "{}/openapi/upstream-app-space-v1.json",
         env!("CARGO_MANIFEST_DIR")
     );
+    // Its cache of found failures goes into the test's directory, not the checkout.
+    let workdir = env.dir.path().to_path_buf();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(st)
+            .current_dir(workdir)
             .arg("--config-file")
             .arg(&config)
             .args(["run", &document, "--url", &server.url])

@@ -336,14 +336,16 @@ pub async fn gc(
     ))
 }
 
-/// Applies a signed root-ref delta (idempotent by `requestId`).
+/// Applies a signed root-ref delta in the capability's `refDomain` (idempotent by `requestId`
+/// within that domain); a node's count is the sum over domains and may not go below zero.
 #[utoipa::path(
     post, path = "/v1/cas/root-refs", tag = "root-refs",
     params(PartitionQuery),
     request_body = RootRefUpdate,
     responses(
         (status = 200, body = RootRefUpdateResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, description = "Also ROOT_REF_INVALID: a version 2 capability without a valid refDomain", body = ErrorBody),
         (status = 404, description = "NODE_NOT_FOUND: a hash names no node of the Space", body = ErrorBody),
         (status = 409, description = "IDEMPOTENCY_CONFLICT, NODE_NOT_READY, NEGATIVE_AGGREGATE, NODE_CONFLICT (a count would exceed 2^53 - 1)", body = ErrorBody),
         (status = 413, description = "PAYLOAD_TOO_LARGE: more than 1000 changes", body = ErrorBody),
@@ -379,11 +381,13 @@ pub async fn update_root_refs(
     ))
 }
 
-/// Lists the Space's root-ref balances, paginated at one revision.
+/// Lists the Space's root-ref balances in the capability's `refDomain`, paginated at one
+/// revision.
 #[utoipa::path(
     get, path = "/v1/cas/root-refs", tag = "root-refs",
     params(RootRefsQuery),
-    responses((status = 200, body = RootRefPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    responses((status = 200, body = RootRefPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, description = "Also ROOT_REF_INVALID: a version 2 capability without a valid refDomain", body = ErrorBody)),
     security(("capability" = []))
 )]
 pub async fn list_root_refs(

@@ -55,7 +55,13 @@ impl utoipa::Modify for CapabilityScheme {
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format("JWT")
                     .description(Some(
-                        "A Space capability signed by a registered App issuer (EdDSA, ES256 or RS256)",
+                        "A Space capability signed by a registered App issuer, of either shape: \
+                         this service's own (EdDSA, ES256 or RS256; `grants[{spaceId, permissions}]` \
+                         naming Spaces exactly; an optional `refDomain`), or the public UniCAS \
+                         contract's (`ver: 2`, ES256, header `typ: unidocs-cap+jwt`, `sub`, `jti`, \
+                         `grants[{selector, permissions}]` with exact, `/a/b-*` and `/a/**` \
+                         selectors, and the `refDomain` its root refs belong to). Root refs of a \
+                         capability without `refDomain` belong to the domain `default`.",
                     ))
                     .build(),
             ),
