@@ -6,31 +6,28 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use cas_format::{AppId, Hash, RefDomain, SpaceId};
+use cas_format::{AppId, SpaceId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::extract::{Q, bounded_bytes, parse_json};
 use crate::auth::{decoding_key, parse_algorithm};
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{AppRecord, BalanceCursor, RefFilter};
-use crate::root_refs::{decode_cursor, encode_cursor};
+use crate::meta::AppRecord;
 use crate::{Service, now_ms};
 
 mod oidc;
 mod reconcile;
+mod root_refs;
 pub mod session;
 mod ui;
 
 pub use oidc::OidcCache;
 pub use session::{Admin, login_link};
-
-/// Largest reconciliation body (intended balances).
-const RECONCILE_BODY_LIMIT: usize = 32 << 20;
 
 fn app_json(app: &AppRecord, usage: &cas_format::wire::Usage) -> Value {
     json!({
@@ -392,114 +389,6 @@ async fn app_usage(
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListQuery {
-    space_id: Option<SpaceId>,
-    ref_domain: Option<RefDomain>,
-    hash: Option<Hash>,
-    limit: Option<u32>,
-    cursor: Option<String>,
-}
-
-impl ListQuery {
-    fn limit(&self) -> ApiResult<i64> {
-        match self.limit.unwrap_or(100) {
-            n @ 1..=200 => Ok(n as i64),
-            _ => Err(ApiError::invalid("limit must be 1..=200")),
-        }
-    }
-
-    fn filter(&self) -> RefFilter<'_> {
-        RefFilter {
-            space: self.space_id.as_ref(),
-            domain: self.ref_domain.as_ref(),
-            hash: self.hash.as_ref(),
-        }
-    }
-}
-
-async fn root_refs(
-    State(svc): State<Service>,
-    admin: Admin,
-    Path(app): Path<AppId>,
-    Q(q): Q<ListQuery>,
-) -> ApiResult<Json<Value>> {
-    admin.app(&svc, &app).await?;
-    let limit = q.limit()?;
-    let current = svc.meta.app_revision(&app).await?.unwrap_or(0);
-    let (revision, after): (i64, Option<BalanceCursor>) = match &q.cursor {
-        Some(c) => {
-            let (rev, after) = decode_cursor(c, None)?;
-            if rev > current {
-                return Err(ApiError::invalid("invalid cursor"));
-            }
-            (rev, Some(after))
-        }
-        None => (current, None),
-    };
-    let rows = svc
-        .meta
-        .balances_at(&app, q.filter(), revision, after.as_ref(), limit + 1)
-        .await?;
-    let more = rows.len() as i64 > limit;
-    let rows: Vec<_> = rows.into_iter().take(limit as usize).collect();
-    let next = match (more, rows.last()) {
-        (true, Some(last)) => Some(encode_cursor(revision, &last.cursor(), true)),
-        _ => None,
-    };
-    let items: Vec<Value> = rows
-        .into_iter()
-        .map(|b| json!({"spaceId": b.space, "refDomain": b.domain, "hash": b.hash, "refCount": b.ref_count}))
-        .collect();
-    Ok(Json(
-        json!({"revision": revision, "items": items, "nextCursor": next}),
-    ))
-}
-
-async fn root_ref_events(
-    State(svc): State<Service>,
-    admin: Admin,
-    Path(app): Path<AppId>,
-    Q(q): Q<ListQuery>,
-) -> ApiResult<Json<Value>> {
-    admin.app(&svc, &app).await?;
-    let limit = q.limit()?;
-    let current = svc.meta.app_revision(&app).await?.unwrap_or(0);
-    let bad = || ApiError::invalid("invalid cursor");
-    let (upto, after) = match &q.cursor {
-        Some(c) => {
-            let (upto, after) = c.split_once('.').ok_or_else(bad)?;
-            let (upto, after): (i64, i64) = (
-                upto.parse().map_err(|_| bad())?,
-                after.parse().map_err(|_| bad())?,
-            );
-            if upto > current || after > upto || after < 0 {
-                return Err(bad());
-            }
-            (upto, after)
-        }
-        None => (current, 0),
-    };
-    let events = svc
-        .meta
-        .events(&app, q.filter(), after, upto, limit + 1)
-        .await?;
-    let more = events.len() as i64 > limit;
-    let events: Vec<reconcile::EventView> = events
-        .into_iter()
-        .take(limit as usize)
-        .map(Into::into)
-        .collect();
-    let next = match (more, events.last()) {
-        (true, Some(e)) => Some(format!("{upto}.{}", e.revision)),
-        _ => None,
-    };
-    Ok(Json(
-        json!({"revision": upto, "items": events, "nextCursor": next}),
-    ))
-}
-
-#[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GcBody {
     space_id: SpaceId,
@@ -529,129 +418,6 @@ async fn gc(
         )
         .await?;
     Ok(Json(r))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ReconcileBody {
-    watermark: String,
-    /// The domain compared (the default one when absent).
-    #[serde(default)]
-    ref_domain: RefDomain,
-    balances: Vec<reconcile::Intended>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct WatermarkQuery {
-    watermark: Option<String>,
-    ref_domain: Option<RefDomain>,
-}
-
-async fn reconcile(
-    State(svc): State<Service>,
-    admin: Admin,
-    Path(app): Path<AppId>,
-    Q(q): Q<WatermarkQuery>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<Json<reconcile::Comparison>> {
-    admin.app(&svc, &app).await?;
-    let bytes = bounded_bytes(body, RECONCILE_BODY_LIMIT).await?;
-    let csv = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/csv") || v.starts_with("text/plain"));
-    let (watermark, domain, intended) = if csv {
-        let text =
-            std::str::from_utf8(&bytes).map_err(|_| ApiError::invalid("the CSV is not UTF-8"))?;
-        let watermark = q
-            .watermark
-            .ok_or_else(|| ApiError::invalid("a CSV comparison needs ?watermark="))?;
-        let domain = q.ref_domain.unwrap_or_default();
-        (watermark, domain, reconcile::parse_csv(text)?)
-    } else {
-        let b: ReconcileBody = parse_json(&bytes)?;
-        (b.watermark, b.ref_domain, b.balances)
-    };
-    if watermark.trim().is_empty() || watermark.len() > 256 {
-        return Err(ApiError::invalid(
-            "the watermark must be 1..=256 characters",
-        ));
-    }
-    let comparison = svc.reconcile(&app, &domain, watermark, intended).await?;
-    admin
-        .audit(
-            &svc,
-            "reconcile.compare",
-            Some(&app),
-            json!({
-                "watermark": comparison.watermark, "refDomain": comparison.ref_domain,
-                "revision": comparison.revision,
-                "compared": comparison.compared, "differences": comparison.differences.len(),
-            }),
-        )
-        .await?;
-    Ok(Json(comparison))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Repair {
-    space_id: SpaceId,
-    hash: Hash,
-    delta: i64,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ApplyBody {
-    watermark: String,
-    /// The domain repaired (the default one when absent).
-    #[serde(default)]
-    ref_domain: RefDomain,
-    repairs: Vec<Repair>,
-}
-
-async fn apply(
-    State(svc): State<Service>,
-    admin: Admin,
-    Path(app): Path<AppId>,
-    body: Body,
-) -> ApiResult<Json<Value>> {
-    admin.app(&svc, &app).await?;
-    let req: ApplyBody = parse_json(&bounded_bytes(body, RECONCILE_BODY_LIMIT).await?)?;
-    if req.watermark.trim().is_empty() || req.watermark.len() > 256 {
-        return Err(ApiError::invalid(
-            "the watermark must be 1..=256 characters",
-        ));
-    }
-    let repairs: Vec<(SpaceId, Hash, i64)> = req
-        .repairs
-        .into_iter()
-        .map(|r| (r.space_id, r.hash, r.delta))
-        .collect();
-    let actor = format!("admin:{}", admin.account.id);
-    let (revision, updates, balances) = svc
-        .apply_repairs(&app, &req.ref_domain, &req.watermark, &repairs, &actor)
-        .await?;
-    admin
-        .audit(
-            &svc,
-            "reconcile.apply",
-            Some(&app),
-            json!({
-                "watermark": req.watermark, "refDomain": req.ref_domain, "updates": updates,
-            }),
-        )
-        .await?;
-    let balances: Vec<Value> = balances
-        .into_iter()
-        .map(|(s, h, c)| json!({"spaceId": s, "refDomain": req.ref_domain, "hash": h, "refCount": c}))
-        .collect();
-    Ok(Json(
-        json!({"revision": revision, "refDomain": req.ref_domain, "updates": updates, "balances": balances}),
-    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -704,11 +470,11 @@ pub fn router() -> Router<Service> {
         .route("/admin/apps/{app}/members", post(add_member))
         .route("/admin/apps/{app}/members/{account}", delete(remove_member))
         .route("/admin/apps/{app}/usage", get(app_usage))
-        .route("/admin/apps/{app}/root-refs", get(root_refs))
-        .route("/admin/apps/{app}/root-ref-events", get(root_ref_events))
+        .route("/admin/apps/{app}/root-refs", get(root_refs::balances))
+        .route("/admin/apps/{app}/root-ref-events", get(root_refs::events))
         .route("/admin/apps/{app}/gc", post(gc))
-        .route("/admin/apps/{app}/reconcile", post(reconcile))
-        .route("/admin/apps/{app}/reconcile/apply", post(apply))
+        .route("/admin/apps/{app}/reconcile", post(reconcile::compare))
+        .route("/admin/apps/{app}/reconcile/apply", post(reconcile::apply))
         .route("/admin/apps/{app}/audit", get(audit))
         .merge(ui::router())
         .route(

@@ -7,10 +7,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
 use cas_format::{AppId, Hash, RefDomain, RequestId, SpaceId};
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use super::Admin;
+use crate::api::extract::{Q, bounded_bytes, parse_json};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{BalanceCursor, MAX_ROOT_REF_COUNT, RefFilter, RootRefEvent};
 
@@ -312,4 +319,130 @@ impl Service {
         }
         Ok((revision, updates, balances))
     }
+}
+
+/// Most bytes a comparison or a repair request may carry.
+const RECONCILE_BODY_LIMIT: usize = 32 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct ReconcileBody {
+    watermark: String,
+    /// The domain compared (the default one when absent).
+    #[serde(default)]
+    ref_domain: RefDomain,
+    balances: Vec<Intended>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct WatermarkQuery {
+    watermark: Option<String>,
+    ref_domain: Option<RefDomain>,
+}
+
+pub(super) async fn compare(
+    State(svc): State<Service>,
+    admin: Admin,
+    Path(app): Path<AppId>,
+    Q(q): Q<WatermarkQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Comparison>> {
+    admin.app(&svc, &app).await?;
+    let bytes = bounded_bytes(body, RECONCILE_BODY_LIMIT).await?;
+    let csv = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/csv") || v.starts_with("text/plain"));
+    let (watermark, domain, intended) = if csv {
+        let text =
+            std::str::from_utf8(&bytes).map_err(|_| ApiError::invalid("the CSV is not UTF-8"))?;
+        let watermark = q
+            .watermark
+            .ok_or_else(|| ApiError::invalid("a CSV comparison needs ?watermark="))?;
+        let domain = q.ref_domain.unwrap_or_default();
+        (watermark, domain, parse_csv(text)?)
+    } else {
+        let b: ReconcileBody = parse_json(&bytes)?;
+        (b.watermark, b.ref_domain, b.balances)
+    };
+    if watermark.trim().is_empty() || watermark.len() > 256 {
+        return Err(ApiError::invalid(
+            "the watermark must be 1..=256 characters",
+        ));
+    }
+    let comparison = svc.reconcile(&app, &domain, watermark, intended).await?;
+    admin
+        .audit(
+            &svc,
+            "reconcile.compare",
+            Some(&app),
+            json!({
+                "watermark": comparison.watermark, "refDomain": comparison.ref_domain,
+                "revision": comparison.revision,
+                "compared": comparison.compared, "differences": comparison.differences.len(),
+            }),
+        )
+        .await?;
+    Ok(Json(comparison))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct Repair {
+    space_id: SpaceId,
+    hash: Hash,
+    delta: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct ApplyBody {
+    watermark: String,
+    /// The domain repaired (the default one when absent).
+    #[serde(default)]
+    ref_domain: RefDomain,
+    repairs: Vec<Repair>,
+}
+
+pub(super) async fn apply(
+    State(svc): State<Service>,
+    admin: Admin,
+    Path(app): Path<AppId>,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    admin.app(&svc, &app).await?;
+    let req: ApplyBody = parse_json(&bounded_bytes(body, RECONCILE_BODY_LIMIT).await?)?;
+    if req.watermark.trim().is_empty() || req.watermark.len() > 256 {
+        return Err(ApiError::invalid(
+            "the watermark must be 1..=256 characters",
+        ));
+    }
+    let repairs: Vec<(SpaceId, Hash, i64)> = req
+        .repairs
+        .into_iter()
+        .map(|r| (r.space_id, r.hash, r.delta))
+        .collect();
+    let actor = format!("admin:{}", admin.account.id);
+    let (revision, updates, balances) = svc
+        .apply_repairs(&app, &req.ref_domain, &req.watermark, &repairs, &actor)
+        .await?;
+    admin
+        .audit(
+            &svc,
+            "reconcile.apply",
+            Some(&app),
+            json!({
+                "watermark": req.watermark, "refDomain": req.ref_domain, "updates": updates,
+            }),
+        )
+        .await?;
+    let balances: Vec<Value> = balances
+        .into_iter()
+        .map(|(s, h, c)| json!({"spaceId": s, "refDomain": req.ref_domain, "hash": h, "refCount": c}))
+        .collect();
+    Ok(Json(
+        json!({"revision": revision, "refDomain": req.ref_domain, "updates": updates, "balances": balances}),
+    ))
 }
