@@ -129,17 +129,19 @@ impl Hub {
             .map_err(|e| HubError::internal("cannot take the workspace lock", e))?
         {
             Ok(g) => Ok(g),
-            Err(busy) => Err(HubError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "workspace_busy",
-                format!(
+            Err(busy) => {
+                let reason = format!(
                     "another writer held {} for longer than {:.1} seconds; nothing was written, so the same request can be retried",
                     key.name(),
                     busy.waited.as_secs_f64()
-                ),
-            )
-            .with("name", key.name())
-            .with("timeout_seconds", wait.as_secs_f64())),
+                );
+                Err(
+                    HubError::new(StatusCode::SERVICE_UNAVAILABLE, "workspace_busy", &reason)
+                        .with("name", key.name())
+                        .with("reason", reason)
+                        .with("timeout_seconds", wait.as_secs_f64()),
+                )
+            }
         }
     }
 

@@ -72,11 +72,24 @@ impl Docs<'_> {
                     out.push(format!("{here}: {ov} became {nv}"));
                 }
                 "type" => {}
-                "enum" | "tags" => {
+                "enum" => {
                     for v in as_set(ov) {
                         if !as_set(nv).contains(&v) {
                             out.push(format!("{here}: {v} removed"));
                         }
+                    }
+                }
+                // A tag is its name; its description is prose.
+                "tags" => {
+                    let names = |v: &Value| -> std::collections::BTreeSet<String> {
+                        v.as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|t| t.get("name").unwrap_or(t).to_string())
+                            .collect()
+                    };
+                    for v in names(ov).difference(&names(nv)) {
+                        out.push(format!("{here}: {v} removed"));
                     }
                 }
                 "required" => {

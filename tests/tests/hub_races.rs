@@ -398,6 +398,12 @@ async fn killed_between_root_refs_and_commit(b: Backend) -> anyhow::Result<()> {
     ensure!(s == StatusCode::SERVICE_UNAVAILABLE, "{s} {v}");
     ensure!(v["error"]["code"] == "workspace_busy", "{v}");
     ensure!(v["error"]["timeout_seconds"].as_f64().is_some(), "{v}");
+    ensure!(
+        v["error"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("nothing was written")),
+        "seed 002's reason rides inside error: {v}"
+    );
     server.kill();
     ensure!(
         saver.await?.is_err(),

@@ -26,6 +26,7 @@ pub mod storage;
 pub mod sync;
 pub mod system;
 pub mod transfer;
+pub mod users;
 pub mod versions;
 pub mod workspace;
 
@@ -48,7 +49,8 @@ mod tests;
         (name = "sessions", description = "Notebooks opened in marimo, the persistent editor, and its takeover"),
         (name = "sync", description = "Push sync from an external workflow"),
         (name = "auth", description = "The caller and personal access tokens"),
-        (name = "system", description = "Health"),
+        (name = "users", description = "User ids resolved to display identities"),
+        (name = "system", description = "Health, and the deployment's version, limits and features"),
     )
 )]
 struct ApiDoc;
@@ -86,6 +88,8 @@ pub fn router(hub: Hub) -> Router {
     let json_limit = usize::try_from(hub.config.json_max_bytes).unwrap_or(usize::MAX);
     let (json_routes, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(system::get_catalog))
+        .routes(routes!(system::get_system))
+        .routes(routes!(users::list_users))
         .routes(routes!(auth::me))
         .routes(routes!(auth::list_tokens, auth::create_token))
         .routes(routes!(auth::revoke_token))

@@ -1,4 +1,5 @@
-//! Health, readiness, and the whole catalog in one read.
+//! Health, readiness, the deployment's version, limits and features, and the whole catalog
+//! in one read.
 
 use axum::extract::State;
 use axum::response::Response;
@@ -9,8 +10,10 @@ use super::envelope::{ErrorEnvelope, envelope};
 use super::extract::Caller;
 use crate::Hub;
 use crate::catalog::NotebookEntry;
+use crate::config::AuthMode;
 use crate::error::{HubError, HubResult, ok};
 use crate::projects::ProjectView;
+use crate::store::sessions::Sharing;
 
 #[derive(Serialize, ToSchema)]
 pub struct CatalogProject {
@@ -28,6 +31,58 @@ pub struct CatalogView {
 
 envelope!(CatalogEnvelope, CatalogView);
 
+/// What this deployment is and allows.
+#[derive(Serialize, ToSchema)]
+pub struct SystemView {
+    /// The hub's release.
+    pub version: &'static str,
+    /// The API version every route is under (`/api/v1`).
+    pub api_version: &'static str,
+    /// `token` (personal access tokens) or `none` (single-user).
+    pub auth: &'static str,
+    pub limits: SystemLimits,
+    pub features: SystemFeatures,
+}
+
+/// The deployment's limits; `null` where there is none.
+#[derive(Serialize, ToSchema)]
+pub struct SystemLimits {
+    /// Versions kept per notebook.
+    pub max_versions: Option<u64>,
+    pub max_projects: u64,
+    pub max_projects_per_user: Option<u64>,
+    /// Notebooks of one project, live or in the trash.
+    pub max_notebooks_per_project: u64,
+    /// Largest staged file upload, push-sync body and JSON body, in bytes.
+    pub upload_max_bytes: u64,
+    pub sync_max_bytes: u64,
+    pub json_max_bytes: u64,
+    /// Live sessions per user and in the deployment.
+    pub sessions_per_user: Option<u64>,
+    pub sessions_total: Option<u64>,
+    pub session_idle_timeout_seconds: u64,
+    pub session_max_lifetime_seconds: u64,
+    /// How long a writer waits for a busy workspace before `workspace_busy`.
+    pub workspace_wait_seconds: f64,
+}
+
+/// What the deployment offers.
+#[derive(Serialize, ToSchema)]
+pub struct SystemFeatures {
+    /// Notebooks open in marimo sessions (edit mode).
+    pub sessions: bool,
+    /// The marimo release sessions run.
+    pub marimo_version: String,
+    /// `exclusive` or `shared` persistent editors.
+    pub editor_mode: Sharing,
+    /// Notebooks pushed from Git (`POST /api/sync/git/v1`).
+    pub push_sync: bool,
+    /// Notebooks served as apps to many visitors.
+    pub app_pools: bool,
+}
+
+envelope!(SystemEnvelope, SystemView);
+
 /// Liveness.
 #[utoipa::path(get, path = "/healthz", tag = "system", responses((status = 200, description = "alive")))]
 pub async fn healthz() -> &'static str {
@@ -43,6 +98,45 @@ pub async fn readyz(State(hub): State<Hub>) -> HubResult<&'static str> {
     }
     hub.catalog().await?;
     Ok("ready")
+}
+
+/// The deployment's version, limits and features.
+#[utoipa::path(get, path = "/api/v1/system", tag = "system",
+    responses((status = 200, body = SystemEnvelope), (status = 401, body = ErrorEnvelope)),
+    security(("token" = [])))]
+pub async fn get_system(State(hub): State<Hub>, Caller(_user): Caller) -> HubResult<Response> {
+    let c = &hub.config;
+    let s = &c.sessions;
+    let unless_zero = |n: u64| (n > 0).then_some(n);
+    Ok(ok(SystemView {
+        version: env!("CARGO_PKG_VERSION"),
+        api_version: "v1",
+        auth: match c.auth {
+            AuthMode::Token => "token",
+            AuthMode::None => "none",
+        },
+        limits: SystemLimits {
+            max_versions: unless_zero(c.max_versions),
+            max_projects: c.max_projects,
+            max_projects_per_user: unless_zero(c.max_projects_per_user),
+            max_notebooks_per_project: c.max_notebooks_per_project,
+            upload_max_bytes: c.upload_max_bytes,
+            sync_max_bytes: c.sync_max_bytes,
+            json_max_bytes: c.json_max_bytes,
+            sessions_per_user: unless_zero(s.max_per_user),
+            sessions_total: unless_zero(s.max_total),
+            session_idle_timeout_seconds: s.idle_timeout_s,
+            session_max_lifetime_seconds: s.max_lifetime_s,
+            workspace_wait_seconds: c.workspace_wait_ms as f64 / 1000.0,
+        },
+        features: SystemFeatures {
+            sessions: true,
+            marimo_version: s.marimo_version.clone(),
+            editor_mode: s.editor_mode,
+            push_sync: true,
+            app_pools: false,
+        },
+    }))
 }
 
 /// Every project the caller can see with its notebooks, from one read of the current snapshot.

@@ -50,6 +50,14 @@ macro_rules! column_enum {
     };
 }
 
+/// `$first, $first+1, …`: `n` numbered placeholders of an `IN (…)` list.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub mod catalog;
 pub mod events;
 pub mod locks;
@@ -62,7 +70,7 @@ pub mod versions;
 
 pub use events::EventRow;
 pub use notebooks::{NotebookRow, NotebookState, TrashRow};
-pub use users::{TokenRow, User};
+pub use users::{Identity, TokenRow, User};
 pub use versions::{StoredVersion, VersionKind, VersionRow, VersionState};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/hub-sqlite");

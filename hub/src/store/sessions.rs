@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use super::{HubStore, WriteTx, enum_col, parsed};
+use super::{HubStore, WriteTx, enum_col, parsed, placeholders};
 use crate::ids::{NotebookId, ProjectId, SessionId};
 
 column_enum! {
@@ -139,13 +139,6 @@ fn session_row(r: &sqlx::any::AnyRow) -> Result<SessionRow, sqlx::Error> {
 }
 
 /// `$first, $first+1, …` for `n` values.
-fn list(first: usize, n: usize) -> String {
-    (first..first + n)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// Binds `statuses` in order (for an `IN` list made by [`list`]).
@@ -223,7 +216,7 @@ impl HubStore {
     pub async fn insert_session(tx: &mut WriteTx, s: &SessionRow) -> Result<(), sqlx::Error> {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO hub_sessions ({SESSION_COLUMNS}) VALUES ({})",
-            list(1, 22)
+            placeholders(1, 22)
         )))
         .bind(s.session_id.as_str())
         .bind(s.project_id.as_str())
@@ -275,7 +268,7 @@ impl HubStore {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {SESSION_COLUMNS} FROM hub_sessions WHERE project_id = $1 AND session_id > $2 \
              AND status IN ({}) ORDER BY session_id LIMIT $3",
-            list(4, statuses.len())
+            placeholders(4, statuses.len())
         )))
         .bind(project.as_str())
         .bind(after.map_or("", SessionId::as_str))
@@ -297,7 +290,7 @@ impl HubStore {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {SESSION_COLUMNS} FROM hub_sessions WHERE status IN ({}) \
              ORDER BY last_heartbeat_ms LIMIT $1",
-            list(2, statuses.len())
+            placeholders(2, statuses.len())
         )))
         .bind(i64::from(limit));
         q = bind_statuses(q, statuses);
@@ -360,7 +353,7 @@ impl HubStore {
              last_heartbeat_ms = CASE WHEN last_heartbeat_ms < $4 THEN $4 ELSE last_heartbeat_ms END, \
              error_code = COALESCE($5, error_code), error_message = COALESCE($6, error_message) \
              WHERE session_id = $1 AND status IN ({})",
-            list(7, from.len())
+            placeholders(7, from.len())
         )))
         .bind(id.as_str())
         .bind(next.as_str())

@@ -14,6 +14,17 @@ pub struct User {
     pub super_admin: bool,
 }
 
+/// A user as others see them: what an author, member or starter id resolves to.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Identity {
+    pub id: String,
+    pub name: String,
+    pub email: Option<String>,
+    /// When the user was suspended (RFC 3339); absent for an active user.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspended_at: Option<String>,
+}
+
 /// A personal access token, without its secret.
 #[derive(Debug, Clone)]
 pub struct TokenRow {
@@ -48,6 +59,33 @@ impl HubStore {
             })
         })
         .transpose()
+    }
+
+    /// The identities of those of `ids` that are users, ordered by id.
+    pub async fn identities(&self, ids: &[&str]) -> Result<Vec<Identity>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT id, name, email, suspended_at_ms FROM hub_users WHERE id IN ({}) ORDER BY id",
+            super::placeholders(1, ids.len())
+        )));
+        for id in ids {
+            q = q.bind(*id);
+        }
+        q.fetch_all(self.pool())
+            .await?
+            .iter()
+            .map(|r| {
+                let suspended: Option<i64> = r.try_get("suspended_at_ms")?;
+                Ok(Identity {
+                    id: r.try_get("id")?,
+                    name: r.try_get("name")?,
+                    email: r.try_get("email")?,
+                    suspended_at: suspended.map(crate::ids::rfc3339),
+                })
+            })
+            .collect()
     }
 
     /// Whether the user `id` is suspended (`None`: there is no such user).
