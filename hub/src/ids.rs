@@ -195,6 +195,67 @@ pub fn now_ms() -> i64 {
     server_kit::now_ms()
 }
 
+/// One UTC day, written `YYYY-MM-DD`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UtcDay(time::Date);
+
+impl FromStr for UtcDay {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a day (YYYY-MM-DD)");
+        let mut parts = s.split('-');
+        let (Some(y), Some(m), Some(d), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        if (y.len(), m.len(), d.len()) != (4, 2, 2) {
+            return Err(bad());
+        }
+        let (y, m, d): (i32, u8, u8) = (
+            y.parse().map_err(|_| bad())?,
+            m.parse().map_err(|_| bad())?,
+            d.parse().map_err(|_| bad())?,
+        );
+        let month = time::Month::try_from(m).map_err(|_| bad())?;
+        time::Date::from_calendar_date(y, month, d)
+            .map(UtcDay)
+            .map_err(|_| bad())
+    }
+}
+
+impl<'de> Deserialize<'de> for UtcDay {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl UtcDay {
+    /// The day of a time.
+    pub fn of_ms(ms: i64) -> UtcDay {
+        let t = OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        UtcDay(t.date())
+    }
+
+    /// Its first millisecond.
+    pub fn start_ms(self) -> i64 {
+        self.0.midnight().assume_utc().unix_timestamp() * 1000
+    }
+
+    /// The first millisecond after it.
+    pub fn end_ms(self) -> i64 {
+        self.start_ms() + 86_400_000
+    }
+
+    /// How many days `later` is after this one.
+    pub fn days_to(self, later: UtcDay) -> i64 {
+        (later.0 - self.0).whole_days()
+    }
+}
+
 /// RFC 3339 in UTC with millisecond precision.
 pub fn rfc3339(ms: i64) -> String {
     let t = OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
@@ -208,6 +269,26 @@ pub fn rfc3339(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_days_parse_and_span_a_day() {
+        let d: UtcDay = "2026-12-02".parse().unwrap();
+        assert_eq!(d.start_ms(), 1_796_169_600_000);
+        assert_eq!(d.end_ms() - d.start_ms(), 86_400_000);
+        assert_eq!(UtcDay::of_ms(d.start_ms() + 1), d);
+        assert_eq!(UtcDay::of_ms(d.end_ms()), "2026-12-03".parse().unwrap());
+        assert_eq!(d.days_to("2027-01-01".parse().unwrap()), 30);
+        for bad in [
+            "2026-13-01",
+            "2026-02-30",
+            "2026-1-01",
+            "26-01-01",
+            "2026-01-01x",
+            "",
+        ] {
+            assert!(bad.parse::<UtcDay>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn ids_parse_and_refuse_once() {

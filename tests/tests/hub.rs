@@ -2701,6 +2701,7 @@ async fn openapi_lists_every_route(b: Backend) -> anyhow::Result<()> {
         ("get", "/api/v1/catalog"),
         ("get", "/api/v1/system"),
         ("get", "/api/v1/users"),
+        ("get", "/api/v1/events"),
         ("get", "/api/v1/auth/me"),
         ("get", "/api/v1/auth/tokens"),
         ("post", "/api/v1/auth/tokens"),

@@ -17,6 +17,7 @@ use crate::error::HubError;
 
 pub mod auth;
 pub mod envelope;
+pub mod events;
 pub mod extract;
 pub mod files;
 pub mod notebooks;
@@ -101,7 +102,8 @@ pub fn router(hub: Hub) -> Router {
         ))
         .routes(routes!(projects::put_member))
         .routes(routes!(projects::remove_member))
-        .routes(routes!(projects::list_events))
+        .routes(routes!(events::list_events))
+        .routes(routes!(events::list_all_events))
         .routes(routes!(storage::storage))
         .routes(routes!(storage::gc))
         .routes(routes!(projects::list_trash))

@@ -1,53 +1,21 @@
-//! Projects: the list, one project, its changes, members, audit events and trash.
+//! Projects: the list, one project, its changes, members and trash.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Serialize;
-use utoipa::ToSchema;
 
-use super::envelope::{
-    Empty, EmptyEnvelope, ErrorEnvelope, Page, PageQuery, envelope, page, page_of_fetched,
-};
+use super::envelope::{Empty, EmptyEnvelope, ErrorEnvelope, Page, PageQuery, envelope, page};
 use super::extract::{Caller, JsonBody, P, Q};
 use crate::Hub;
 use crate::catalog::{Member, Role};
 use crate::error::{HubError, HubResult, ok, ok_status};
-use crate::ids::{self, NotebookId, ProjectId};
+use crate::ids::ProjectId;
 use crate::notebooks::{NotebookView, TrashEntry};
 use crate::projects::{CreateProject, ProjectView, PutMember, UpdateProject};
-use crate::store::EventRow;
-
-#[derive(Serialize, ToSchema)]
-pub struct EventView {
-    pub id: String,
-    pub ts: String,
-    pub event: String,
-    pub actor: String,
-    pub project_id: Option<ProjectId>,
-    pub notebook_id: Option<NotebookId>,
-    #[schema(value_type = Object)]
-    pub detail: serde_json::Value,
-}
-
-impl From<EventRow> for EventView {
-    fn from(e: EventRow) -> Self {
-        EventView {
-            ts: ids::rfc3339(e.ts_ms),
-            id: e.id,
-            event: e.event,
-            actor: e.actor,
-            project_id: e.project_id,
-            notebook_id: e.notebook_id,
-            detail: e.detail,
-        }
-    }
-}
 
 envelope!(ProjectEnvelope, ProjectView);
 envelope!(ProjectPageEnvelope, Page<ProjectView>);
 envelope!(MembersEnvelope, Vec<Member>);
-envelope!(EventPageEnvelope, Page<EventView>);
 envelope!(TrashEnvelope, Vec<TrashEntry>);
 envelope!(NotebookEnvelope, NotebookView);
 
@@ -184,28 +152,4 @@ pub async fn purge_trash(
 ) -> HubResult<Response> {
     hub.purge_trash(&user, &pid, &token).await?;
     Ok(ok(Empty {}))
-}
-
-/// The project's audit events, newest first (manager).
-#[utoipa::path(get, path = "/api/v1/projects/{pid}/events", tag = "projects", params(("pid" = String, Path), PageQuery),
-    responses((status = 200, body = EventPageEnvelope), (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)),
-    security(("token" = [])))]
-pub async fn list_events(
-    State(hub): State<Hub>,
-    Caller(user): Caller,
-    P(pid): P<ProjectId>,
-    Q(q): Q<PageQuery>,
-) -> HubResult<Response> {
-    hub.project_for(&user, &pid, Role::Manager).await?;
-    let limit = q.limit();
-    let items = hub
-        .store
-        .project_events(&pid, q.cursor.as_deref(), limit as u32 + 1)
-        .await?
-        .into_iter()
-        .map(EventView::from)
-        .collect();
-    Ok(ok(page_of_fetched(items, limit, |e: &EventView| {
-        e.id.clone()
-    })))
 }

@@ -18,6 +18,7 @@ use crate::store::Identity;
 pub const MAX_IDS: usize = 100;
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UsersQuery {
     /// Comma-separated user ids (at most 100); ids that are no user are left out.
     pub ids: String,

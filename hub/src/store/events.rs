@@ -56,23 +56,53 @@ impl EventRow {
     }
 }
 
+/// Which events to read: one project's or every project's, within a time range.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventFilter<'a> {
+    pub project: Option<&'a ProjectId>,
+    /// From this millisecond on.
+    pub from_ms: Option<i64>,
+    /// Before this millisecond.
+    pub until_ms: Option<i64>,
+}
+
 impl HubStore {
-    /// Events of a project, newest first, older than the event `before` (ids sort by time).
-    pub async fn project_events(
+    /// Events, newest first, older than the event `before` (ids sort by time), filtered.
+    pub async fn events(
         &self,
-        project: &ProjectId,
+        filter: EventFilter<'_>,
         before: Option<&str>,
         limit: u32,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let rows = sqlx::query(
+        let mut sql = String::from(
             "SELECT id, project_id, notebook_id, ts_ms, event, actor, detail FROM hub_events \
-             WHERE project_id = $1 AND id < $2 ORDER BY id DESC LIMIT $3",
-        )
-        .bind(project.as_str())
-        .bind(before.unwrap_or("~"))
-        .bind(i64::from(limit))
-        .fetch_all(self.pool())
-        .await?;
+             WHERE id < $1",
+        );
+        let mut n = 2;
+        if filter.project.is_some() {
+            sql.push_str(&format!(" AND project_id = ${n}"));
+            n += 1;
+        }
+        if filter.from_ms.is_some() {
+            sql.push_str(&format!(" AND ts_ms >= ${n}"));
+            n += 1;
+        }
+        if filter.until_ms.is_some() {
+            sql.push_str(&format!(" AND ts_ms < ${n}"));
+            n += 1;
+        }
+        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${n}"));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(before.unwrap_or("~"));
+        if let Some(p) = filter.project {
+            q = q.bind(p.as_str());
+        }
+        if let Some(from) = filter.from_ms {
+            q = q.bind(from);
+        }
+        if let Some(until) = filter.until_ms {
+            q = q.bind(until);
+        }
+        let rows = q.bind(i64::from(limit)).fetch_all(self.pool()).await?;
         rows.iter()
             .map(|r| {
                 let detail: String = r.try_get("detail")?;

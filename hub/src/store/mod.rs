@@ -68,7 +68,7 @@ pub mod stats;
 pub mod users;
 pub mod versions;
 
-pub use events::EventRow;
+pub use events::{EventFilter, EventRow};
 pub use notebooks::{NotebookRow, NotebookState, TrashRow};
 pub use users::{Identity, TokenRow, User};
 pub use versions::{StoredVersion, VersionKind, VersionRow, VersionState};
