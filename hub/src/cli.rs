@@ -202,16 +202,17 @@ async fn serve(config: HubConfig) -> anyhow::Result<()> {
     };
     let hub = Hub::open(config.clone(), Some(&cas_url)).await?;
     hub.start().await?;
-    say(format_args!("hub listening on http://{hub_bound}"));
-    for l in lines {
-        say(l);
-    }
+    // Printed before the hub says it listens: whoever waits for that line has the token too.
     if config.auth == AuthMode::Token
         && let Some(token) = first_admin_token(&hub)
             .await
             .map_err(|e| anyhow::anyhow!("{}", e.message))?
     {
         say(format_args!("admin token: {token}"));
+    }
+    say(format_args!("hub listening on http://{hub_bound}"));
+    for l in lines {
+        say(l);
     }
     let result = run_hub(hub, hub_listener, shutdown.clone()).await;
     shutdown.cancel();

@@ -310,11 +310,20 @@ impl HubServer {
         Ok(HubServer { process, cas_url })
     }
 
-    /// The token printed on first start (token mode, no users yet).
+    /// The token printed on first start (token mode, no users yet), waiting up to 10 s for the
+    /// line (it may come after the hub answers).
     pub fn admin_token(&self) -> Option<String> {
-        self.stdout_lines()
-            .iter()
-            .find_map(|l| l.strip_prefix("admin token: ").map(str::to_string))
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self
+                .stdout_lines()
+                .iter()
+                .find_map(|l| l.strip_prefix("admin token: ").map(str::to_string));
+            if found.is_some() || std::time::Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILL, now.

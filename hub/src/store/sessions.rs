@@ -138,10 +138,9 @@ fn session_row(r: &sqlx::any::AnyRow) -> Result<SessionRow, sqlx::Error> {
     })
 }
 
-/// `$first, $first+1, …` for `n` values.
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
-/// Binds `statuses` in order (for an `IN` list made by [`list`]).
+/// Binds `statuses` in order (for an `IN` list made by [`placeholders`]).
 fn bind_statuses<'q>(mut q: AnyQuery<'q>, statuses: &[SessionStatus]) -> AnyQuery<'q> {
     for s in statuses {
         q = q.bind(s.as_str());
