@@ -472,6 +472,6 @@ fn authorize(
         space: space.clone(),
         actor: claims.sub.clone().unwrap_or_else(|| claims.iss.clone()),
         upstream: claims.is_upstream(),
-        ref_domain: claims.ref_domain(),
+        ref_domain: claims.ref_domain().clone(),
     })
 }

@@ -60,8 +60,9 @@ pub struct Claims {
     ver: Option<serde_json::Value>,
     #[serde(default)]
     jti: Option<String>,
+    /// Parsed once, when the token's claims are read (they are cached with the token).
     #[serde(default, rename = "refDomain")]
-    ref_domain: Option<String>,
+    ref_domain: DomainClaim,
     #[serde(default)]
     grants: Vec<RawGrant>,
 }
@@ -122,13 +123,26 @@ fn is_path(s: &str) -> bool {
 }
 
 /// What a capability says about the domain of its root-ref changes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum DomainClaim {
     /// No `refDomain` claim.
+    #[default]
     Absent,
     Valid(RefDomain),
     /// A `refDomain` claim that is not a domain (kept for the error message).
     Invalid(String),
+}
+
+impl<'de> Deserialize<'de> for DomainClaim {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Some(text) = <Option<std::borrow::Cow<'de, str>>>::deserialize(d)? else {
+            return Ok(DomainClaim::Absent);
+        };
+        Ok(text.parse().map_or_else(
+            |_| DomainClaim::Invalid(text.into_owned()),
+            DomainClaim::Valid,
+        ))
+    }
 }
 
 /// What a capability allows on one Space.
@@ -191,13 +205,8 @@ impl Claims {
     }
 
     /// The root-ref domain the capability names.
-    pub fn ref_domain(&self) -> DomainClaim {
-        match &self.ref_domain {
-            None => DomainClaim::Absent,
-            Some(d) => d
-                .parse()
-                .map_or_else(|_| DomainClaim::Invalid(d.clone()), DomainClaim::Valid),
-        }
+    pub fn ref_domain(&self) -> &DomainClaim {
+        &self.ref_domain
     }
 }
 
@@ -263,9 +272,12 @@ mod tests {
         assert_eq!(upstream.upstream(), Ok(true));
         assert_eq!(
             upstream.ref_domain(),
-            DomainClaim::Valid("docs".parse().unwrap())
+            &DomainClaim::Valid("docs".parse().unwrap())
         );
-        assert_eq!(plain.ref_domain(), DomainClaim::Absent);
+        assert_eq!(plain.ref_domain(), &DomainClaim::Absent);
+        let mut null_domain = v2.clone();
+        null_domain["refDomain"] = serde_json::Value::Null;
+        assert_eq!(claims(null_domain).ref_domain(), &DomainClaim::Absent);
         let (read, gc) = ("cas:nodes:read", "cas:gc:execute");
         for (c, space, permission, want) in [
             (&plain, "s", read, Access::Granted),
@@ -296,7 +308,7 @@ mod tests {
         bad_domain["refDomain"] = "Not-Valid".into();
         assert_eq!(
             claims(bad_domain).ref_domain(),
-            DomainClaim::Invalid("Not-Valid".into())
+            &DomainClaim::Invalid("Not-Valid".into())
         );
     }
 }

@@ -100,6 +100,15 @@ impl WriteTx {
     }
 }
 
+/// `n` numbered placeholders starting at `$first`, comma-separated: the list of an `IN (…)`
+/// or of a `VALUES` tuple.
+pub fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Hides the password of a URL (`postgres://user:secret@host` → `postgres://user:***@host`).
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use cas_format::{AppId, Hash, SpaceId};
 use server_kit::group_commit::{CommitObserver, GroupCommit, Operation};
+pub(crate) use server_kit::sql::placeholders;
 use server_kit::sql::{PoolOptions, SqlPool, WriteTx};
 use sha2::{Digest, Sha256};
 use sqlx::any::AnyRow;
@@ -153,14 +154,6 @@ pub(crate) fn value_rows(
                 .collect();
             row(&own)
         })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `n` numbered placeholders starting at `$first`, comma-separated.
-pub(crate) fn placeholders(first: usize, n: usize) -> String {
-    (first..first + n)
-        .map(|i| format!("${i}"))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -5,6 +5,7 @@
 use anyhow::Context;
 use sqlx::AnyPool;
 
+use server_kit::sql::placeholders;
 pub use server_kit::sql::{Dialect, WriteTx};
 use server_kit::sql::{PoolOptions, SqlPool};
 
@@ -48,14 +49,6 @@ macro_rules! column_enum {
             }
         }
     };
-}
-
-/// `$first, $first+1, …`: `n` numbered placeholders of an `IN (…)` list.
-fn placeholders(first: usize, n: usize) -> String {
-    (first..first + n)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 pub mod catalog;
