@@ -12,12 +12,12 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::Hub;
-use crate::catalog::{ProjectEntry, Role};
+use crate::catalog::{ProjectDefaultRole, ProjectEntry, Role};
 use crate::config::{AuthMode, DefaultRole};
 use crate::error::{HubError, HubResult};
 use crate::ids;
-use crate::store::TokenRow;
 pub use crate::store::User;
+use crate::store::{GrantedRole, ScopeProjects, TokenRow, TokenScope};
 
 pub const PAT_PREFIX: &str = "uhub_pat_";
 pub const SYNC_PREFIX: &str = "uhub_sync_";
@@ -28,14 +28,51 @@ pub struct TokenView {
     pub name: String,
     pub created_at: String,
     pub expires_at: Option<String>,
+    /// When it was last used (refreshed at most once a UTC day); absent if never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<String>,
+    /// `1`: the user's whole authority; `2`: limited to `scope`.
+    pub credential_version: i64,
+    /// What a version 2 token is limited to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<TokenScope>,
 }
 
-fn pat_hash(id: &str, secret: &str) -> String {
-    ids::sha256_hex(&format!("uhub_pat:{id}:{secret}"))
+/// Most live (neither revoked nor expired) tokens of one user.
+pub const MAX_LIVE_TOKENS: i64 = 20;
+/// Most projects one scoped token names.
+pub const MAX_SCOPE_PROJECTS: usize = 100;
+
+/// The stored hash of a token's secret. Version 2 (scoped) hashes under its own prefix, so a
+/// verifier of version 1 can never accept a scoped token as a full one.
+fn pat_hash(version: i64, id: &str, secret: &str) -> String {
+    match version {
+        2 => ids::sha256_hex(&format!("uhub_pat:v2:{id}:{secret}")),
+        _ => ids::sha256_hex(&format!("uhub_pat:{id}:{secret}")),
+    }
+}
+
+/// The scope a token row carries, checked: version 1 has none, version 2 exactly one; anything
+/// else refuses the token.
+fn stored_scope(version: i64, grant: Option<&str>) -> Result<Option<TokenScope>, ()> {
+    match (version, grant) {
+        (1, None) => Ok(None),
+        (2, Some(g)) => serde_json::from_str(g).map(Some).map_err(|_| ()),
+        _ => Err(()),
+    }
 }
 
 pub fn sync_hash(notebook_id: &crate::ids::NotebookId, secret: &str) -> String {
     ids::sha256_hex(&format!("uhub_sync:{notebook_id}:{secret}"))
+}
+
+/// The project role a granted role is.
+pub fn granted(r: GrantedRole) -> Role {
+    match r {
+        GrantedRole::Viewer => Role::Viewer,
+        GrantedRole::Editor => Role::Editor,
+        GrantedRole::Manager => Role::Manager,
+    }
 }
 
 /// Equal strings, in time independent of where they differ.
@@ -45,6 +82,25 @@ pub fn same(a: &str, b: &str) -> bool {
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
+}
+
+/// Checks a scope as a client sent it: `*` or 1 to 100 distinct project ids.
+fn check_scope(s: &TokenScope) -> HubResult<()> {
+    match &s.projects {
+        ScopeProjects::All(star) if star == "*" => Ok(()),
+        ScopeProjects::All(other) => Err(HubError::invalid(format!(
+            "a scope's projects are \"*\" or a list of project ids, not {other:?}"
+        ))),
+        ScopeProjects::Some(list) => {
+            let distinct: std::collections::HashSet<_> = list.iter().collect();
+            if list.is_empty() || list.len() > MAX_SCOPE_PROJECTS || distinct.len() != list.len() {
+                return Err(HubError::invalid(format!(
+                    "a scope names 1..={MAX_SCOPE_PROJECTS} distinct projects"
+                )));
+            }
+            Ok(())
+        }
+    }
 }
 
 /// The bearer token of a request, if any.
@@ -60,12 +116,22 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 impl From<TokenRow> for TokenView {
     fn from(t: TokenRow) -> Self {
         TokenView {
+            scope: stored_scope(t.credential_version, t.grant_json.as_deref())
+                .ok()
+                .flatten(),
             id: t.id,
             name: t.name,
             created_at: ids::rfc3339(t.created_at_ms),
             expires_at: t.expires_at_ms.map(ids::rfc3339),
+            last_used_at: t.last_used_at_ms.map(ids::rfc3339),
+            credential_version: t.credential_version,
         }
     }
+}
+
+/// Whether two instants fall on different UTC days.
+fn other_day(a_ms: i64, b_ms: i64) -> bool {
+    a_ms.div_euclid(86_400_000) != b_ms.div_euclid(86_400_000)
 }
 
 impl Hub {
@@ -95,9 +161,19 @@ impl Hub {
         let Some(check) = self.store.token_check(id).await? else {
             return Err(bad());
         };
-        if !same(&check.secret_hash, &pat_hash(id, secret)) {
+        if !same(
+            &check.secret_hash,
+            &pat_hash(check.credential_version, id, secret),
+        ) {
             return Err(bad());
         }
+        let Ok(scope) = stored_scope(check.credential_version, check.grant_json.as_deref()) else {
+            tracing::warn!(
+                token = id,
+                "a token row has an unknown credential version or grant; refused"
+            );
+            return Err(bad());
+        };
         let now = ids::now_ms();
         if check.revoked_at_ms.is_some() || check.expires_at_ms.is_some_and(|e| e <= now) {
             return Err(bad());
@@ -105,7 +181,18 @@ impl Hub {
         if check.user_suspended {
             return Err(HubError::unauthorized("this user is suspended"));
         }
-        self.user(&check.user_id).await?.ok_or_else(bad)
+        if check.last_used_at_ms.is_none_or(|t| other_day(t, now)) {
+            // At most one write per token and UTC day; a failure never fails the request.
+            if let Err(e) = self.store.touch_token(id, now).await {
+                tracing::warn!(token = id, error = %e, "cannot record a token's use");
+            }
+        }
+        let mut user = self.user(&check.user_id).await?.ok_or_else(bad)?;
+        if check.invited {
+            self.claim_invitations(&user).await?;
+        }
+        user.scope = scope;
+        Ok(user)
     }
 
     /// The user `id` if it exists and is not suspended.
@@ -133,13 +220,26 @@ impl Hub {
                 "a user id is 1..=128 printable characters",
             ));
         }
+        let email = email.map(str::trim).filter(|e| !e.is_empty());
+        if let Some(e) = email {
+            crate::invitations::check_email(e)?;
+        }
         let user = User {
             id: id.to_string(),
             name: name.to_string(),
             email: email.map(str::to_string),
             super_admin,
+            scope: None,
         };
-        Ok(self.store.insert_user(&user, ids::now_ms()).await?)
+        if !self.store.insert_user(&user, ids::now_ms()).await? {
+            return Ok(false);
+        }
+        // Invitations waiting for the new user's email become memberships now if this process
+        // reaches the content store (else, an operator command: on their first sign-in).
+        if self.cas().is_ok() {
+            self.claim_invitations(&user).await?;
+        }
+        Ok(true)
     }
 
     pub async fn set_suspended(&self, id: &str, suspended: bool) -> HubResult<bool> {
@@ -154,35 +254,56 @@ impl Hub {
         Ok(self.store.count_users().await? > 0)
     }
 
-    /// Creates a personal access token; returns it (the only time it is shown) and its id.
+    /// Creates a personal access token, limited to `scope` if given; returns it (the only time
+    /// it is shown) and its description. A user has at most [`MAX_LIVE_TOKENS`] live tokens.
     pub async fn create_token(
         &self,
         user_id: &str,
         name: &str,
         ttl_ms: Option<i64>,
+        scope: Option<TokenScope>,
     ) -> HubResult<(String, TokenView)> {
         if self.user(user_id).await?.is_none() {
             return Err(HubError::not_found(format!("no user {user_id}")));
         }
-        if name.is_empty() || name.len() > 128 {
-            return Err(HubError::invalid("a token name is 1..=128 characters"));
-        }
-        if self.store.live_tokens(user_id, ids::now_ms()).await? >= 20 {
-            return Err(HubError::conflict(
-                "a user has at most 20 live tokens; revoke one first",
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(HubError::invalid(
+                "a token name is 1..=128 printable characters",
             ));
+        }
+        if let Some(s) = &scope {
+            check_scope(s)?;
         }
         let secret = ids::secret();
         let now = ids::now_ms();
+        let version = if scope.is_some() { 2 } else { 1 };
         let row = TokenRow {
             id: ulid::Ulid::generate().to_string(),
             name: name.to_string(),
             created_at_ms: now,
-            expires_at_ms: ttl_ms.map(|t| now + t),
+            expires_at_ms: ttl_ms.map(|t| now.saturating_add(t)),
+            last_used_at_ms: None,
+            credential_version: version,
+            grant_json: scope
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| HubError::internal("cannot encode a grant", e))?,
         };
-        self.store
-            .insert_token(user_id, &row, &pat_hash(&row.id, &secret))
-            .await?;
+        if !self
+            .store
+            .insert_token(
+                user_id,
+                &row,
+                &pat_hash(version, &row.id, &secret),
+                MAX_LIVE_TOKENS,
+            )
+            .await?
+        {
+            return Err(HubError::conflict(format!(
+                "a user has at most {MAX_LIVE_TOKENS} live tokens; revoke one first"
+            )));
+        }
         Ok((format!("{PAT_PREFIX}{}_{secret}", row.id), row.into()))
     }
 
@@ -207,19 +328,37 @@ impl Hub {
         Ok(())
     }
 
-    /// The effective role of `user` on `project`, if any.
+    /// The effective role of `user` on `project`, if any: the owner's and super admins'
+    /// `admin`, a member's role, else the project's default access (or the deployment's);
+    /// never more than the credential's scope allows.
     pub fn role(&self, user: &User, project: &ProjectEntry) -> Option<Role> {
-        if user.super_admin || project.owner == user.id {
-            return Some(Role::Admin);
+        let role = if user.super_admin || project.owner == user.id {
+            Some(Role::Admin)
+        } else if let Some(m) = project.members.iter().find(|m| m.user_id == user.id) {
+            Some(m.role)
+        } else {
+            let default = match project.default_role {
+                Some(ProjectDefaultRole::None) => DefaultRole::None,
+                Some(ProjectDefaultRole::Viewer) => DefaultRole::Viewer,
+                Some(ProjectDefaultRole::Editor) => DefaultRole::Editor,
+                Some(ProjectDefaultRole::Inherit) | None => self.config.default_role,
+            };
+            match default {
+                DefaultRole::None => None,
+                DefaultRole::Viewer => Some(Role::Viewer),
+                DefaultRole::Editor => Some(Role::Editor),
+            }
+        }?;
+        match &user.scope {
+            None => Some(role),
+            Some(s) if s.reaches(&project.id) => Some(role.min(granted(s.role))),
+            Some(_) => None,
         }
-        if let Some(m) = project.members.iter().find(|m| m.user_id == user.id) {
-            return Some(m.role);
-        }
-        match self.config.default_role {
-            DefaultRole::None => None,
-            DefaultRole::Viewer => Some(Role::Viewer),
-            DefaultRole::Editor => Some(Role::Editor),
-        }
+    }
+
+    /// A super admin acting with their whole authority (not through a scoped token).
+    pub fn is_super_admin(&self, user: &User) -> bool {
+        user.super_admin && user.scope.is_none()
     }
 
     /// Checks that `user` has at least `need` on `project`: 404 if they cannot see it at all,
@@ -235,5 +374,53 @@ impl Hub {
                 "this needs the {need:?} role on the project; you are {r:?}"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoped_tokens_hash_apart_and_a_row_must_agree_with_its_version() {
+        let (id, secret) = ("01HXY0S6GWMBASVAG3PZ7Y2K5T", "s3cret");
+        // A verifier of version 1 never accepts a version 2 token (and back).
+        assert_ne!(pat_hash(1, id, secret), pat_hash(2, id, secret));
+        assert_eq!(pat_hash(1, id, secret), pat_hash(1, id, secret));
+        let grant = r#"{"projects":"*","role":"viewer"}"#;
+        assert_eq!(stored_scope(1, None), Ok(None));
+        assert!(matches!(stored_scope(2, Some(grant)), Ok(Some(s)) if s.all_projects()));
+        for (v, g) in [
+            (1, Some(grant)),
+            (2, None),
+            (3, None),
+            (3, Some(grant)),
+            (2, Some("{}")),
+        ] {
+            assert_eq!(stored_scope(v, g), Err(()), "version {v} with {g:?}");
+        }
+    }
+
+    #[test]
+    fn scopes_name_every_project_or_a_few() {
+        let scope = |projects: serde_json::Value| {
+            serde_json::from_value::<TokenScope>(
+                serde_json::json!({"projects": projects, "role": "editor"}),
+            )
+        };
+        assert!(check_scope(&scope(serde_json::json!("*")).unwrap()).is_ok());
+        assert!(check_scope(&scope(serde_json::json!("all")).unwrap()).is_err());
+        let one = crate::ids::ProjectId::generate();
+        assert!(check_scope(&scope(serde_json::json!([one])).unwrap()).is_ok());
+        assert!(check_scope(&scope(serde_json::json!([one, one])).unwrap()).is_err());
+        assert!(check_scope(&scope(serde_json::json!([])).unwrap()).is_err());
+        assert!(scope(serde_json::json!(["not a project id"])).is_err());
+    }
+
+    #[test]
+    fn last_use_is_one_write_per_utc_day() {
+        let day = 86_400_000;
+        assert!(!other_day(10 * day, 10 * day + day - 1));
+        assert!(other_day(10 * day + day - 1, 11 * day));
     }
 }

@@ -32,6 +32,17 @@ enum Command {
     /// Personal access tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Catalog history: list kept snapshots, point the head back at one.
+    #[command(subcommand)]
+    Catalog(CatalogCommand),
+    /// Run one maintenance pass now (retention of catalog snapshots, events, idempotency
+    /// records; purges of projects whose time in the trash is over) and print what it did.
+    Maintenance {
+        /// The CAS service's URL (default: UNICAS_HUB_CAS_URL, else the embedded CAS of a
+        /// running `unicas-hub serve`).
+        #[arg(long)]
+        cas_url: Option<String>,
+    },
     /// Print the public key of the hub's signing key (to register it with a separate CAS:
     /// `unicas-server app add-key hub --kid hub-1 --alg EdDSA --public-key FILE`).
     PublicKey,
@@ -54,6 +65,26 @@ enum UserCommand {
     Suspend { id: String },
     /// Lift a suspension.
     Resume { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum CatalogCommand {
+    /// Kept catalog snapshots, newest first (one JSON object per line).
+    List {
+        /// Also those the retention pass released.
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Point the catalog head back at a kept snapshot, as a new change with an event.
+    Recover {
+        snapshot: String,
+        /// The CAS service's URL (default: UNICAS_HUB_CAS_URL, else the embedded CAS of a
+        /// running `unicas-hub serve`).
+        #[arg(long)]
+        cas_url: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,6 +140,35 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             hub.close().await;
             r
         }
+        Command::Catalog(CatalogCommand::List { all, limit }) => {
+            let hub = Hub::open(config, None).await?;
+            let r = hub
+                .catalog_snapshots(None, all, limit.clamp(1, 10_000))
+                .await;
+            hub.close().await;
+            for s in r.map_err(|e| anyhow::anyhow!("{}", e.message))? {
+                say(serde_json::to_string(&s)?);
+            }
+            Ok(())
+        }
+        Command::Catalog(CatalogCommand::Recover { snapshot, cas_url }) => {
+            let url = cas_url_for(&config, cas_url)?;
+            let hub = Hub::open(config, Some(&url)).await?;
+            let r = hub.recover_catalog("operator", &snapshot).await;
+            hub.close().await;
+            let report = r.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            say(serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Command::Maintenance { cas_url } => {
+            let url = cas_url_for(&config, cas_url)?;
+            let hub = Hub::open(config, Some(&url)).await?;
+            let r = hub.maintenance_pass().await;
+            hub.close().await;
+            let report = r.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            say(serde_json::to_string(&report)?);
+            Ok(())
+        }
         Command::Token(TokenCommand::Create {
             user,
             name,
@@ -120,6 +180,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     &user,
                     &name,
                     expires_in_days.map(|d| i64::from(d) * 86_400_000),
+                    None,
                 )
                 .await;
             hub.close().await;
@@ -128,6 +189,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The CAS an operator command talks to: `--cas-url`, `UNICAS_HUB_CAS_URL`, else where the
+/// embedded CAS of `unicas-hub serve` listens (it must be running).
+fn cas_url_for(config: &HubConfig, given: Option<String>) -> anyhow::Result<String> {
+    if let Some(u) = given.or_else(|| config.cas_url.clone()) {
+        return Ok(u.trim_end_matches('/').to_string());
+    }
+    embedded_cas_url()
+}
+
+#[cfg(feature = "embedded-cas")]
+fn embedded_cas_url() -> anyhow::Result<String> {
+    let c = cas_service::config::Config::load(None)?;
+    Ok(format!("http://{}", c.listen_addr()?))
+}
+
+#[cfg(not(feature = "embedded-cas"))]
+fn embedded_cas_url() -> anyhow::Result<String> {
+    anyhow::bail!(
+        "this unicas-hub is built without the embedded CAS: pass --cas-url or set UNICAS_HUB_CAS_URL"
+    )
 }
 
 async fn user(hub: &Hub, cmd: UserCommand) -> anyhow::Result<()> {
@@ -256,6 +339,6 @@ async fn first_admin_token(hub: &Hub) -> crate::error::HubResult<Option<String>>
     }
     hub.create_user("admin", "Administrator", None, true)
         .await?;
-    let (token, _) = hub.create_token("admin", "first start", None).await?;
+    let (token, _) = hub.create_token("admin", "first start", None, None).await?;
     Ok(Some(token))
 }

@@ -212,7 +212,11 @@ impl Hub {
             .iter()
             .map(|r| {
                 EventRow::new(
-                    &format!("notebook.{}", r.kind.as_str()),
+                    &match r.kind {
+                        // Seed 000's name for a push-synced revision.
+                        VersionKind::Sync => "notebook.synced.sync".to_string(),
+                        kind => format!("notebook.{}", kind.as_str()),
+                    },
                     &r.author,
                     Some(&r.project_id),
                     Some(&r.notebook_id),
@@ -269,27 +273,37 @@ impl Hub {
         &self,
         notebook: &NotebookId,
         plan: Plan,
-        mut specs: Vec<VersionSpec>,
+        specs: Vec<VersionSpec>,
     ) -> HubResult<Vec<Committed>> {
         self.with_notebook_lock(notebook, async || {
-            let mut out = Vec::new();
-            let mut plan = Some(plan);
-            while !specs.is_empty() {
-                let rest = specs.split_off(specs.len().min(500));
-                let nb = self
-                    .store
-                    .notebook(notebook)
-                    .await?
-                    .ok_or_else(|| HubError::internal("a new notebook has no row", notebook))?;
-                let batch = std::mem::replace(&mut specs, rest);
-                out.extend(
-                    self.commit_versions(&nb, plan.take().unwrap_or_default(), batch, true)
-                        .await?,
-                );
-            }
-            Ok(out)
+            self.commit_new_locked(notebook, plan, specs).await
         })
         .await
+    }
+
+    /// As [`Self::commit_new`], for a caller that holds the notebook's lock.
+    pub(crate) async fn commit_new_locked(
+        &self,
+        notebook: &NotebookId,
+        plan: Plan,
+        mut specs: Vec<VersionSpec>,
+    ) -> HubResult<Vec<Committed>> {
+        let mut out = Vec::new();
+        let mut plan = Some(plan);
+        while !specs.is_empty() {
+            let rest = specs.split_off(specs.len().min(500));
+            let nb = self
+                .store
+                .notebook(notebook)
+                .await?
+                .ok_or_else(|| HubError::internal("a new notebook has no row", notebook))?;
+            let batch = std::mem::replace(&mut specs, rest);
+            out.extend(
+                self.commit_versions(&nb, plan.take().unwrap_or_default(), batch, true)
+                    .await?,
+            );
+        }
+        Ok(out)
     }
 
     /// Retention: beyond `max_versions` kept versions, the oldest (never the head) are released

@@ -98,6 +98,9 @@ pub struct HubConfig {
     pub public_url: Option<String>,
     /// Sessions: `UNICAS_HUB_SESSION_*`, `UNICAS_HUB_MARIMO*`, `UNICAS_HUB_EDITOR_MODE`.
     pub sessions: crate::sessions::config::SessionConfig,
+    /// What the maintenance pass keeps and for how long: `UNICAS_HUB_*_RETENTION`,
+    /// `UNICAS_HUB_MAINTENANCE_INTERVAL`.
+    pub retention: crate::maintenance::RetentionConfig,
 }
 
 pub(crate) fn env(name: &str) -> Option<String> {
@@ -150,6 +153,7 @@ impl HubConfig {
             metrics_listen: String::new(),
             public_url: None,
             sessions: crate::sessions::config::SessionConfig::default(),
+            retention: crate::maintenance::RetentionConfig::default(),
         }
     }
 
@@ -165,6 +169,7 @@ impl HubConfig {
         parse("UNICAS_AUDIENCE", &mut c.audience)?;
         c.public_url = env("UNICAS_HUB_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
         c.sessions = crate::sessions::config::SessionConfig::from_env()?;
+        c.retention = crate::maintenance::RetentionConfig::from_env()?;
         parse("UNICAS_HUB_LISTEN", &mut c.listen)?;
         parse("UNICAS_HUB_USER", &mut c.local_user)?;
         parse("UNICAS_HUB_APP", &mut c.app)?;

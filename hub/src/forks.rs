@@ -93,7 +93,7 @@ impl Hub {
             src.tags.clone(),
             Source::Local { entry_notebook },
         );
-        self.add_notebook(user, pid, entry.clone(), None, "notebook.fork")
+        self.add_notebook(user, pid, entry.clone(), None, "notebook.fork", None)
             .await?;
         let spec = VersionSpec {
             tree: v.tree,
@@ -204,7 +204,7 @@ impl Hub {
                 entry_notebook: src.source.entry_notebook().map(str::to_string),
             },
         );
-        self.add_notebook(user, pid, entry.clone(), None, "notebook.branch")
+        self.add_notebook(user, pid, entry.clone(), None, "notebook.branch", None)
             .await?;
         let spec = VersionSpec {
             tree,

@@ -181,6 +181,11 @@ pub fn event_id() -> String {
     ulid::Ulid::generate().to_string()
 }
 
+/// The smallest event id of the millisecond `ms`: every event before it sorts below.
+pub fn first_event_id_at(ms: i64) -> String {
+    ulid::Ulid::from_parts(u64::try_from(ms).unwrap_or(0), 0).to_string()
+}
+
 /// A secret for tokens: 32 random bytes, URL-safe base64.
 pub fn secret() -> String {
     URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
@@ -188,7 +193,12 @@ pub fn secret() -> String {
 
 /// SHA-256 of `s`, lowercase hex.
 pub fn sha256_hex(s: &str) -> String {
-    cas_format::Hash::digest(s.as_bytes()).to_string()
+    sha256_bytes_hex(s.as_bytes())
+}
+
+/// SHA-256 of `b`, lowercase hex.
+pub fn sha256_bytes_hex(b: &[u8]) -> String {
+    cas_format::Hash::digest(b).to_string()
 }
 
 pub fn now_ms() -> i64 {
@@ -259,9 +269,23 @@ pub fn rfc3339(ms: i64) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 
+/// The instant an RFC 3339 time names, in milliseconds since the epoch.
+pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let t = OffsetDateTime::parse(s, &Rfc3339).ok()?;
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_round_trips_to_the_millisecond() {
+        for ms in [0, 1_700_000_000_123, 1_800_000_000_000] {
+            assert_eq!(parse_rfc3339_ms(&rfc3339(ms)), Some(ms));
+        }
+        assert_eq!(parse_rfc3339_ms("yesterday"), None);
+    }
 
     #[test]
     fn utc_days_parse_and_span_a_day() {

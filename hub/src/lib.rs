@@ -18,12 +18,16 @@ pub mod config;
 pub mod embedded;
 pub mod error;
 pub mod forks;
+pub mod idempotency;
 pub mod ids;
+pub mod invitations;
 pub mod keys;
 pub mod lock;
+pub mod maintenance;
 pub mod metrics;
 pub mod notebooks;
 pub mod outbox;
+pub mod project_trash;
 pub mod projects;
 pub mod proxy;
 pub mod sandbox;
@@ -272,6 +276,10 @@ pub async fn run_hub(
         let (h, stop) = (hub.clone(), shutdown.child_token());
         tokio::spawn(async move { h.session_sweeps(stop).await })
     };
+    let maintenance = {
+        let (h, stop) = (hub.clone(), shutdown.child_token());
+        tokio::spawn(async move { h.background_maintenance(stop).await })
+    };
     let metrics = match hub.config.metrics_addr()? {
         server_kit::listen::MetricsListen::Own(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -301,6 +309,7 @@ pub async fn run_hub(
     }
     let _ = saves.await;
     let _ = sweeps.await;
+    let _ = maintenance.await;
     // Save and stop every sandbox this process runs before it goes.
     hub.shutdown_sessions().await;
     hub.close().await;

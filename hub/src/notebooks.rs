@@ -13,10 +13,13 @@ use crate::auth::{SYNC_PREFIX, User, sync_hash};
 use crate::catalog::{NotebookEntry, NotebookStatus, Role, Source};
 use crate::commit::{Parent, VersionSpec};
 use crate::error::{HubError, HubResult};
+use crate::idempotency::{Created, IdempotencyKey, Prior};
 use crate::ids::{self, NotebookId, ProjectId};
+use crate::lock::LockKey;
 use crate::outbox::Effect;
 use crate::projects::{MAX_DESCRIPTION, MAX_TITLE, check_tags, check_text, project_gone};
-use crate::store::{EventRow, HubStore, NotebookRow, NotebookState, VersionKind};
+use crate::store::{EventRow, HubStore, IdempotencyRow, NotebookRow, NotebookState, VersionKind};
+
 use crate::workspace::{Committed, FileInput, check_message, edit_error, parse_path};
 
 /// A notebook as the API shows it.
@@ -253,13 +256,21 @@ impl Hub {
         }
     }
 
+    /// Creates a notebook (with its first revision when files are given); with a key, once
+    /// (see [`crate::idempotency`]).
     pub async fn create_notebook(
         &self,
         user: &User,
         pid: &ProjectId,
         req: CreateNotebook,
-    ) -> HubResult<CreatedNotebook> {
+        key: Option<&IdempotencyKey>,
+    ) -> HubResult<Created<CreatedNotebook>> {
         self.project_for(user, pid, Role::Editor).await?;
+        if let Some(k) = key
+            && let Prior::Made(row) = self.prior_create(k).await?
+        {
+            return self.replay_notebook(user, pid, row).await;
+        }
         let title = check_title(&req.title)?;
         check_text("description", &req.description, MAX_DESCRIPTION, false)?;
         let tags = check_tags(&req.tags)?;
@@ -294,40 +305,71 @@ impl Hub {
         let mut entry = Self::new_entry(user, title, req.description, tags, source);
         entry.status = status;
         let id = entry.id.clone();
-        self.add_notebook(
-            user,
-            pid,
-            entry.clone(),
-            sync.as_deref().map(|s| sync_hash(&id, s)),
-            "notebook.create",
-        )
-        .await?;
-        let revision = match first {
-            Some((tree, stats)) => {
-                let spec = VersionSpec {
-                    tree,
-                    stats,
-                    author: user.id.clone(),
-                    message,
-                    kind: VersionKind::Save,
-                    saved_at_ms: ids::now_ms(),
-                    parent: Parent::None,
-                    extra: BTreeMap::new(),
-                    snapshots: Vec::new(),
+        // The new notebook's lock is held until the answer is recorded: a retry that finds the
+        // record waits for it, on any process (see `Hub::replay_notebook`).
+        let outcome = self
+            .with_notebook_lock(&id, async || {
+                if let Some(prior) = self
+                    .add_notebook(
+                        user,
+                        pid,
+                        entry.clone(),
+                        sync.as_deref().map(|s| sync_hash(&id, s)),
+                        if is_git {
+                            "notebook.synced.create"
+                        } else {
+                            "notebook.create"
+                        },
+                        key,
+                    )
+                    .await?
+                {
+                    return Ok(Err(prior));
+                }
+                let revision = match first {
+                    Some((tree, stats)) => {
+                        let spec = VersionSpec {
+                            tree,
+                            stats,
+                            author: user.id.clone(),
+                            message,
+                            kind: VersionKind::Save,
+                            saved_at_ms: ids::now_ms(),
+                            parent: Parent::None,
+                            extra: BTreeMap::new(),
+                            snapshots: Vec::new(),
+                        };
+                        self.commit_new_locked(&id, plan, vec![spec]).await?.pop()
+                    }
+                    None => None,
                 };
-                self.commit_new(&id, plan, vec![spec]).await?.pop()
-            }
-            None => None,
-        };
-        let row = self.store.notebook(&id).await?;
-        Ok(CreatedNotebook {
-            notebook: self.notebook_view(pid, &entry, row.as_ref()),
-            sync_token: sync.map(|s| format!("{SYNC_PREFIX}{id}_{s}")),
-            revision,
-        })
+                let row = self.store.notebook(&id).await?;
+                let created = CreatedNotebook {
+                    notebook: self.notebook_view(pid, &entry, row.as_ref()),
+                    sync_token: sync.map(|s| format!("{SYNC_PREFIX}{id}_{s}")),
+                    revision,
+                };
+                if let Some(k) = key {
+                    // Recorded without the sync token: only its hash is ever kept.
+                    let mut recorded = serde_json::to_value(&created)
+                        .map_err(|e| HubError::internal("cannot record an answer", e))?;
+                    if let Some(o) = recorded.as_object_mut() {
+                        o.remove("sync_token");
+                    }
+                    self.complete_create(k, &recorded.to_string()).await?;
+                }
+                Ok(Ok(created))
+            })
+            .await?;
+        match outcome {
+            Ok(created) => Ok(Created::New(created)),
+            Err(prior) => self.replay_notebook(user, pid, prior).await,
+        }
     }
 
-    /// Adds a notebook entry to the catalog and its row, refusing a live title.
+    /// Adds a notebook entry to the catalog and its row, refusing a live title; with a key,
+    /// records it with the change, or answers the earlier create's record instead (adding
+    /// nothing) if the key made one.
     pub(crate) async fn add_notebook(
         &self,
         user: &User,
@@ -335,11 +377,18 @@ impl Hub {
         entry: NotebookEntry,
         sync_token_hash: Option<String>,
         event: &str,
-    ) -> HubResult<()> {
-        let id = entry.id.clone();
-        let max = self.config.max_notebooks_per_project;
-        self.mutate_catalog(&user.id, event, move |cat| {
-            let p = cat.project_mut(pid).ok_or_else(|| project_gone(pid))?;
+        key: Option<&IdempotencyKey>,
+    ) -> HubResult<Option<IdempotencyRow>> {
+        self.with_lock(&LockKey::catalog(), async || {
+            if let Some(k) = key
+                && let Prior::Made(row) = self.prior_create(k).await?
+            {
+                return Ok(Some(row));
+            }
+            let record = key.map(|k| k.record(entry.id.as_str(), None));
+            let id = entry.id.clone();
+            let max = self.config.max_notebooks_per_project;
+            self.mutate_catalog_locked(&user.id, event, move |cat| {            let p = cat.project_mut(pid).ok_or_else(|| project_gone(pid))?;
             if p.title_taken(&entry.title, None) {
                 return Err(HubError::name_taken(&entry.title));
             }
@@ -369,8 +418,14 @@ impl Hub {
                         sync_token_hash,
                     },
                     Effect::Event(ev),
-                ],
+                ]
+                .into_iter()
+                .chain(record.map(Effect::Idempotency))
+                .collect(),
             ))
+        })
+        .await?;
+            Ok(None)
         })
         .await
     }

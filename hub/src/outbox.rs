@@ -23,7 +23,9 @@ use crate::error::{HubError, HubResult};
 use crate::ids::{NotebookId, ProjectId};
 use crate::lock::LockKey;
 use crate::store::outbox::PendingRecord;
-use crate::store::{EventRow, HubStore, NotebookState, TrashRow, VersionRow, WriteTx};
+use crate::store::{
+    EventRow, HubStore, IdempotencyRow, NotebookState, SnapshotRow, TrashRow, VersionRow, WriteTx,
+};
 
 /// A local change that rides with a catalog commit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,7 +54,18 @@ pub enum Effect {
         notebook_id: NotebookId,
         token: String,
     },
+    /// A notebook of a purged project, live or in the trash, on to its purge.
+    PurgeNotebook {
+        notebook_id: NotebookId,
+    },
     Event(EventRow),
+    /// What an idempotent create answered.
+    Idempotency(IdempotencyRow),
+    /// Invitations of `email` to these projects were claimed (or a purged project's dropped).
+    DropInvitations {
+        email: Option<String>,
+        project_ids: Vec<ProjectId>,
+    },
 }
 
 /// What the local commit after the delta does.
@@ -65,7 +78,12 @@ pub enum Payload {
         snapshot_id: String,
         snapshot_hash: Hash,
         effects: Vec<Effect>,
+        /// The snapshot's row in the catalog history (absent in rows of older hubs).
+        #[serde(default)]
+        history: Option<SnapshotRow>,
     },
+    /// Catalog snapshots the retention pass released.
+    CatalogRelease { snapshot_ids: Vec<String> },
     /// Index committed versions; move the head to the last one if `move_head` (never when a
     /// dead writer's row is settled: its revision joins the history, the head stays).
     Versions {
@@ -99,6 +117,7 @@ impl Pending {
     fn kind(&self) -> &'static str {
         match self.payload {
             Payload::Catalog { .. } => "catalog",
+            Payload::CatalogRelease { .. } => "catalog-release",
             Payload::Versions { .. } => "versions",
             Payload::Release { purge: false, .. } => "prune",
             Payload::Release { purge: true, .. } => "purge",
@@ -270,6 +289,7 @@ async fn commit_payload(tx: &mut WriteTx, payload: &Payload, recovering: bool) -
             snapshot_id,
             snapshot_hash,
             effects,
+            history,
         } => {
             if !HubStore::swap_catalog_head(tx, *expected_seq, snapshot_id, snapshot_hash, now)
                 .await?
@@ -279,9 +299,15 @@ async fn commit_payload(tx: &mut WriteTx, payload: &Payload, recovering: bool) -
                     "the catalog moved while it was being changed; retry",
                 ));
             }
+            if let Some(h) = history {
+                HubStore::insert_catalog_snapshot(tx, h).await?;
+            }
             for e in effects {
                 apply_effect(tx, e, now).await?;
             }
+        }
+        Payload::CatalogRelease { snapshot_ids } => {
+            HubStore::mark_snapshots_released(tx, snapshot_ids, now).await?;
         }
         Payload::Versions {
             rows,
@@ -365,7 +391,19 @@ async fn apply_effect(tx: &mut WriteTx, e: &Effect, now: i64) -> HubResult<()> {
             HubStore::set_notebook_state(tx, notebook_id, state, now).await?;
             HubStore::delete_trash(tx, token).await?;
         }
+        Effect::PurgeNotebook { notebook_id } => {
+            HubStore::set_notebook_state(tx, notebook_id, NotebookState::Purging, now).await?;
+            HubStore::delete_trash_of(tx, notebook_id).await?;
+        }
         Effect::Event(ev) => ev.insert(tx).await?,
+        Effect::Idempotency(row) => {
+            row.insert(tx).await?;
+        }
+        Effect::DropInvitations { email, project_ids } => {
+            for pid in project_ids {
+                HubStore::delete_invitations(tx, Some(pid), email.as_deref()).await?;
+            }
+        }
     }
     Ok(())
 }

@@ -6,9 +6,11 @@ use utoipa::ToSchema;
 
 use crate::Hub;
 use crate::auth::User;
-use crate::catalog::{Catalog, Member, ProjectEntry, Role};
+use crate::catalog::{Catalog, Member, ProjectDefaultRole, ProjectEntry, Role};
 use crate::error::{HubError, HubResult};
+use crate::idempotency::{Created, IdempotencyKey, Prior, answer_json};
 use crate::ids::{self, ProjectId};
+use crate::lock::LockKey;
 use crate::outbox::Effect;
 use crate::store::EventRow;
 
@@ -33,6 +35,9 @@ pub struct ProjectView {
     pub notebook_count: usize,
     /// The caller's role.
     pub role: Role,
+    /// What signed-in users who are not members get: `inherit` (the deployment's default),
+    /// `none`, `viewer` or `editor`.
+    pub default_role: ProjectDefaultRole,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -51,6 +56,8 @@ pub struct UpdateProject {
     pub name: Option<String>,
     pub description: Option<String>,
     pub tags: Option<Vec<String>>,
+    /// `inherit`, `none`, `viewer` or `editor`.
+    pub default_role: Option<ProjectDefaultRole>,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -112,6 +119,7 @@ impl Hub {
             tags: p.tags.clone(),
             notebook_count: p.live_notebooks().count(),
             role,
+            default_role: p.default_role.unwrap_or(ProjectDefaultRole::Inherit),
         })
     }
 
@@ -128,58 +136,87 @@ impl Hub {
         Ok((cat, role))
     }
 
-    pub async fn create_project(&self, user: &User, req: CreateProject) -> HubResult<ProjectView> {
+    /// Creates a project owned by the caller; with a key, once (see [`crate::idempotency`]).
+    pub async fn create_project(
+        &self,
+        user: &User,
+        req: CreateProject,
+        key: Option<&IdempotencyKey>,
+    ) -> HubResult<Created<ProjectView>> {
         check_text("name", &req.name, MAX_TITLE, true)?;
         check_text("description", &req.description, MAX_DESCRIPTION, false)?;
         let tags = check_tags(&req.tags)?;
-        let now = ids::rfc3339(ids::now_ms());
-        let id = ProjectId::generate();
-        let project = ProjectEntry {
-            id: id.clone(),
-            name: req.name.trim().to_string(),
-            description: req.description,
-            owner: user.id.clone(),
-            members: vec![Member {
-                user_id: user.id.clone(),
-                role: Role::Admin,
-            }],
-            created_at: now.clone(),
-            updated_at: now,
-            tags,
-            notebooks: Vec::new(),
-        };
-        let p = project.clone();
-        let (max_projects, per_user) =
-            (self.config.max_projects, self.config.max_projects_per_user);
-        self.mutate_catalog(&user.id, "project.create", move |cat| {
-            if cat.project_count() as u64 >= max_projects {
-                return Err(HubError::quota(
-                    "projects",
-                    max_projects,
-                    "the deployment holds as many projects as it allows",
-                ));
+        if user.scope.as_ref().is_some_and(|s| !s.all_projects()) {
+            return Err(HubError::forbidden(
+                "a token limited to some projects cannot create projects",
+            ));
+        }
+        self.with_lock(&LockKey::catalog(), async || {
+            if let Some(k) = key
+                && let Prior::Made(row) = self.prior_create(k).await?
+            {
+                return self.replay_project(user, row).await;
             }
-            let owned = cat.projects().filter(|p| p.owner == user.id).count() as u64;
-            if per_user > 0 && owned >= per_user && !user.super_admin {
-                return Err(HubError::quota(
-                    "projects_per_user",
-                    per_user,
-                    "you own as many projects as a user may; delete one first",
-                ));
-            }
-            cat.add_project(p);
-            let ev = EventRow::new(
-                "project.create",
-                &user.id,
-                Some(&id),
-                None,
-                serde_json::json!({}),
-            );
-            Ok(((), vec![Effect::Event(ev)]))
+            let now = ids::rfc3339(ids::now_ms());
+            let id = ProjectId::generate();
+            let project = ProjectEntry {
+                id: id.clone(),
+                name: req.name.trim().to_string(),
+                description: req.description.clone(),
+                owner: user.id.clone(),
+                members: vec![Member {
+                    user_id: user.id.clone(),
+                    role: Role::Admin,
+                }],
+                created_at: now.clone(),
+                updated_at: now,
+                tags: tags.clone(),
+                notebooks: Vec::new(),
+                default_role: None,
+                deleted_at: None,
+                deleted_by: None,
+            };
+            let view = self
+                .project_view(user, &project)
+                .ok_or_else(|| HubError::internal("a new project is invisible to its owner", ""))?;
+            let record = match key {
+                Some(k) => Some(k.record(id.as_str(), Some(answer_json(&view)?))),
+                None => None,
+            };
+            let (max_projects, per_user) =
+                (self.config.max_projects, self.config.max_projects_per_user);
+            self.mutate_catalog_locked(&user.id, "project.create", move |cat| {
+                if cat.project_count() as u64 >= max_projects {
+                    return Err(HubError::quota(
+                        "projects",
+                        max_projects,
+                        "the deployment holds as many projects as it allows",
+                    ));
+                }
+                let owned = cat.all_projects().filter(|p| p.owner == user.id).count() as u64;
+                if per_user > 0 && owned >= per_user && !user.super_admin {
+                    return Err(HubError::quota(
+                        "projects_per_user",
+                        per_user,
+                        "you own as many projects as a user may; delete one first",
+                    ));
+                }
+                cat.add_project(project);
+                let ev = EventRow::new(
+                    "project.create",
+                    &user.id,
+                    Some(&id),
+                    None,
+                    serde_json::json!({}),
+                );
+                let mut effects = vec![Effect::Event(ev)];
+                effects.extend(record.map(Effect::Idempotency));
+                Ok(((), effects))
+            })
+            .await?;
+            Ok(Created::New(view))
         })
-        .await?;
-        self.project_view(user, &project)
-            .ok_or_else(|| HubError::internal("a new project is invisible to its owner", ""))
+        .await
     }
 
     /// Changes a project with `f` (which answers what its event records), as the caller, who
@@ -226,29 +263,16 @@ impl Hub {
                 if let Some(t) = tags {
                     p.tags = t;
                 }
-                Ok((p.clone(), serde_json::json!({})))
+                let mut detail = serde_json::json!({});
+                if let Some(d) = req.default_role {
+                    p.default_role = (d != ProjectDefaultRole::Inherit).then_some(d);
+                    detail = serde_json::json!({"default_role": d});
+                }
+                Ok((p.clone(), detail))
             })
             .await?;
         self.project_view(user, &updated)
             .ok_or_else(|| project_gone(pid))
-    }
-
-    /// Deletes an empty project (no notebook, live or in the trash).
-    pub async fn delete_project(&self, user: &User, pid: &ProjectId) -> HubResult<()> {
-        self.project_for(user, pid, Role::Manager).await?;
-        self.mutate_catalog(&user.id, "project.delete", |cat| {
-            let p = cat.project(pid).ok_or_else(|| project_gone(pid))?;
-            if !p.notebooks.is_empty() {
-                return Err(HubError::conflict(format!(
-                    "project {pid} still holds {} notebook(s), live or in the trash; delete and purge them first",
-                    p.notebooks.len()
-                )));
-            }
-            cat.remove_project(pid);
-            let ev = EventRow::new("project.delete", &user.id, Some(pid), None, serde_json::json!({}));
-            Ok(((), vec![Effect::Event(ev)]))
-        })
-        .await
     }
 
     pub async fn put_member(

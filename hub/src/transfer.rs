@@ -181,7 +181,7 @@ impl Hub {
                 spec
             })
             .collect();
-        self.add_notebook(user, pid, entry.clone(), None, "notebook.import")
+        self.add_notebook(user, pid, entry.clone(), None, "notebook.import", None)
             .await?;
         let committed = self.commit_new(&entry.id, Plan::default(), specs).await?;
         let row = self.store.notebook(&entry.id).await?;

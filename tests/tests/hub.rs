@@ -580,12 +580,7 @@ async fn catalog_and_crud(b: Backend) -> anyhow::Result<()> {
     let p = data(&a.get(&format!("/api/v1/projects/{pid}")).await?, 200);
     assert_eq!(p["notebook_count"], 2, "Three and Raced: {p}");
 
-    // A project that holds notebooks (live or in the trash) is not deleted; an empty one is.
-    refused(
-        &a.delete(&format!("/api/v1/projects/{pid}")).await?,
-        409,
-        "CONFLICT",
-    );
+    // A deleted project goes to the trash (see hub_projects): gone from every read.
     data(&a.delete(&format!("/api/v1/projects/{other}")).await?, 200);
     refused(
         &a.get(&format!("/api/v1/projects/{other}")).await?,

@@ -90,6 +90,9 @@ async fn readme_hub_walkthrough_works_as_written() -> anyhow::Result<()> {
         "\"readyStoredBytes\"",
         "\"logicalBytes\":18",
         "200\nterminated",
+        // The retried create was a replay: one project named Reports.
+        "idempotency-replayed: true",
+        "projects named Reports: 1",
     ] {
         assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
     }

@@ -10,7 +10,8 @@ use super::envelope::{Empty, EmptyEnvelope, ErrorEnvelope, envelope};
 use super::extract::{Caller, JsonBody};
 use crate::Hub;
 use crate::auth::{TokenView, User};
-use crate::error::{HubResult, ok, ok_status};
+use crate::error::{HubError, HubResult, ok, ok_status};
+use crate::store::TokenScope;
 
 #[derive(Serialize, ToSchema)]
 pub struct NewToken {
@@ -27,6 +28,20 @@ pub struct NewTokenRequest {
     /// Lifetime in days (default: no expiry).
     #[serde(default)]
     pub expires_in_days: Option<u32>,
+    /// Limits the token (credential version 2) to some projects and a highest role; it never
+    /// does more than its user may. Absent: the user's whole authority.
+    #[serde(default)]
+    pub scope: Option<TokenScope>,
+}
+
+/// Token management needs the user's whole authority, not a scoped token's.
+fn unscoped(user: &User) -> HubResult<()> {
+    match user.scope {
+        None => Ok(()),
+        Some(_) => Err(HubError::forbidden(
+            "a scoped token cannot list, create or revoke tokens",
+        )),
+    }
 }
 
 envelope!(MeEnvelope, User);
@@ -44,20 +59,25 @@ pub async fn me(Caller(user): Caller) -> HubResult<Response> {
 #[utoipa::path(get, path = "/api/v1/auth/tokens", tag = "auth",
     responses((status = 200, body = TokensEnvelope), (status = 401, body = ErrorEnvelope)), security(("token" = [])))]
 pub async fn list_tokens(State(hub): State<Hub>, Caller(user): Caller) -> HubResult<Response> {
+    unscoped(&user)?;
     Ok(ok(hub.list_tokens(&user.id).await?))
 }
 
 /// Creates a personal access token for the caller; the token is in this answer only.
 #[utoipa::path(post, path = "/api/v1/auth/tokens", tag = "auth", request_body = NewTokenRequest,
-    responses((status = 201, body = NewTokenEnvelope), (status = 401, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)),
+    responses((status = 201, body = NewTokenEnvelope), (status = 401, body = ErrorEnvelope), (status = 403, body = ErrorEnvelope),
+        (status = 409, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope)),
     security(("token" = [])))]
 pub async fn create_token(
     State(hub): State<Hub>,
     Caller(user): Caller,
     JsonBody(req): JsonBody<NewTokenRequest>,
 ) -> HubResult<Response> {
+    unscoped(&user)?;
     let ttl = req.expires_in_days.map(|d| i64::from(d) * 86_400_000);
-    let (token, info) = hub.create_token(&user.id, &req.name, ttl).await?;
+    let (token, info) = hub
+        .create_token(&user.id, &req.name, ttl, req.scope)
+        .await?;
     Ok(ok_status(StatusCode::CREATED, NewToken { token, info }))
 }
 
@@ -70,6 +90,7 @@ pub async fn revoke_token(
     Caller(user): Caller,
     Path(token_id): Path<String>,
 ) -> HubResult<Response> {
+    unscoped(&user)?;
     hub.revoke_token(&user.id, &token_id).await?;
     Ok(ok(Empty {}))
 }

@@ -15,8 +15,9 @@ pub struct ErrorEnvelope {
 /// `PAYLOAD_TOO_LARGE`, `INTERNAL_ERROR`, `UNAVAILABLE`, `busy` (with `Retry-After`),
 /// `insufficient_storage`, `quota_exceeded` (with `quota`, `limit`), `host_not_allowed`,
 /// `origin_not_allowed`, `workspace_conflict` (with `actual_revision`, `expected_revision`,
-/// `reason`), `workspace_busy` (with `name`, `timeout_seconds`), `revision_pruned` (with
-/// `revision`), `name_taken` (with `title`).
+/// `reason`), `workspace_busy` (with `name`, `timeout_seconds`, `reason`), `revision_pruned`
+/// (with `revision`), `name_taken` (with `title`), `idempotency_key_reused` (an
+/// `Idempotency-Key` sent again with another body).
 #[derive(Serialize, ToSchema)]
 pub struct ErrorInfo {
     pub code: String,

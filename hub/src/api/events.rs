@@ -128,7 +128,7 @@ pub async fn list_all_events(
     Caller(user): Caller,
     Q(q): Q<EventsQuery>,
 ) -> HubResult<Response> {
-    if !user.super_admin {
+    if !hub.is_super_admin(&user) {
         return Err(HubError::forbidden(
             "every project's events are for super admins; a project's manager reads its own",
         ));

@@ -14,6 +14,7 @@ use tokio_util::io::StreamReader;
 use crate::Hub;
 use crate::auth::User;
 use crate::error::{HubError, HubResult};
+use crate::idempotency::RequestKey;
 
 /// The authenticated caller.
 pub struct Caller(pub User);
@@ -59,6 +60,48 @@ impl<T: serde::de::DeserializeOwned> FromRequest<Hub> for JsonBody<T> {
             }
             Err(e) => Err(HubError::invalid(e.body_text())),
         }
+    }
+}
+
+/// The JSON body of a create, with its `Idempotency-Key` (if any) bound to the body's digest.
+pub struct CreateBody<T> {
+    pub body: T,
+    pub key: Option<RequestKey>,
+}
+
+impl<T: serde::de::DeserializeOwned> FromRequest<Hub> for CreateBody<T> {
+    type Rejection = HubError;
+    async fn from_request(req: Request, hub: &Hub) -> Result<Self, HubError> {
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                let mime = v.split(';').next().unwrap_or("").trim();
+                mime == "application/json" || mime.ends_with("+json")
+            });
+        if !json {
+            return Err(HubError::invalid(
+                "Expected request with `Content-Type: application/json`",
+            ));
+        }
+        let headers = req.headers().clone();
+        let bytes = match axum::body::Bytes::from_request(req, hub).await {
+            Ok(b) => b,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(HubError::too_large(
+                    "the JSON body is too large; stage large files with an upload",
+                ));
+            }
+            Err(e) => return Err(HubError::invalid(e.body_text())),
+        };
+        let key = RequestKey::of_request(&headers, &bytes)?;
+        let body = serde_json::from_slice(&bytes).map_err(|e| {
+            HubError::invalid(format!(
+                "Failed to deserialize the JSON body into the target type: {e}"
+            ))
+        })?;
+        Ok(CreateBody { body, key })
     }
 }
 

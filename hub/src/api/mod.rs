@@ -20,6 +20,7 @@ pub mod envelope;
 pub mod events;
 pub mod extract;
 pub mod files;
+pub mod invitations;
 pub mod notebooks;
 pub mod projects;
 pub mod sessions;
@@ -95,6 +96,11 @@ pub fn router(hub: Hub) -> Router {
         .routes(routes!(auth::list_tokens, auth::create_token))
         .routes(routes!(auth::revoke_token))
         .routes(routes!(projects::list_projects, projects::create_project))
+        .routes(routes!(projects::list_trashed_projects))
+        .routes(routes!(projects::restore_project))
+        .routes(routes!(projects::purge_project))
+        .routes(routes!(invitations::invite, invitations::list_invitations))
+        .routes(routes!(invitations::withdraw_invitation))
         .routes(routes!(
             projects::get_project,
             projects::update_project,

@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::envelope::{ErrorEnvelope, Page, PageQuery, envelope, page_of_fetched};
-use super::extract::{Caller, JsonBody, P, Q, spawn};
+use super::extract::{Caller, CreateBody, JsonBody, P, Q, spawn};
 use crate::Hub;
 use crate::catalog::{NotebookEntry, Role};
 use crate::error::{HubError, HubResult, ok, ok_status};
@@ -61,21 +61,30 @@ pub async fn list_notebooks(
 }
 
 /// Creates a notebook (editor). A `git` source with `sync_mode: push` answers its sync token
-/// once, as `sync_token`; `files` make the first revision of a local notebook.
-#[utoipa::path(post, path = "/api/v1/projects/{pid}/notebooks", tag = "notebooks", params(("pid" = String, Path)),
+/// once, as `sync_token`; `files` make the first revision of a local notebook. With an
+/// `Idempotency-Key`, a retry (same key, same body, within 24 hours) answers what the first
+/// create answered (without the sync token, which is never stored: rotate it if it was lost),
+/// marked `Idempotency-Replayed: true`, and creates nothing; the same key with another body is
+/// 422 `idempotency_key_reused`.
+#[utoipa::path(post, path = "/api/v1/projects/{pid}/notebooks", tag = "notebooks",
+    params(("pid" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 printable ASCII characters; a retry with the same key and body answers the first create's answer")),
     request_body = CreateNotebook,
-    responses((status = 201, body = CreatedNotebookEnvelope), (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope),
+    responses((status = 201, body = CreatedNotebookEnvelope, headers(("idempotency-replayed" = String, description = "`true` when the answer is a replay"))),
+        (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope),
         (status = 409, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope)),
     security(("token" = [])))]
 pub async fn create_notebook(
     State(hub): State<Hub>,
     Caller(user): Caller,
     P(pid): P<ProjectId>,
-    JsonBody(req): JsonBody<CreateNotebook>,
+    CreateBody { body, key }: CreateBody<CreateNotebook>,
 ) -> HubResult<Response> {
+    let key = key.map(|k| k.bind(&user.id, format!("POST /api/v1/projects/{pid}/notebooks")));
     let h = hub.clone();
-    let created = spawn(async move { h.create_notebook(&user, &pid, req).await }).await?;
-    Ok(ok_status(StatusCode::CREATED, created))
+    spawn(async move { h.create_notebook(&user, &pid, body, key.as_ref()).await })
+        .await?
+        .into_response()
 }
 
 /// One notebook (viewer).

@@ -1,16 +1,16 @@
 //! Projects: the list, one project, its changes, members and trash.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::envelope::{Empty, EmptyEnvelope, ErrorEnvelope, Page, PageQuery, envelope, page};
-use super::extract::{Caller, JsonBody, P, Q};
+use super::extract::{Caller, CreateBody, JsonBody, P, Q, spawn};
 use crate::Hub;
 use crate::catalog::{Member, Role};
-use crate::error::{HubError, HubResult, ok, ok_status};
+use crate::error::{HubError, HubResult, ok};
 use crate::ids::ProjectId;
 use crate::notebooks::{NotebookView, TrashEntry};
+use crate::project_trash::TrashedProject;
 use crate::projects::{CreateProject, ProjectView, PutMember, UpdateProject};
 
 envelope!(ProjectEnvelope, ProjectView);
@@ -18,6 +18,7 @@ envelope!(ProjectPageEnvelope, Page<ProjectView>);
 envelope!(MembersEnvelope, Vec<Member>);
 envelope!(TrashEnvelope, Vec<TrashEntry>);
 envelope!(NotebookEnvelope, NotebookView);
+envelope!(TrashedProjectsEnvelope, Vec<TrashedProject>);
 
 /// Projects the caller can see, oldest first.
 #[utoipa::path(get, path = "/api/v1/projects", tag = "projects", params(PageQuery),
@@ -35,19 +36,25 @@ pub async fn list_projects(
     Ok(ok(page(visible, &q, |p| p.id.to_string())))
 }
 
-/// Creates a project; the caller becomes its owner.
+/// Creates a project; the caller becomes its owner. With an `Idempotency-Key`, a retry (same
+/// key, same body, within 24 hours) answers what the first create answered, marked
+/// `Idempotency-Replayed: true`, and creates nothing; the same key with another body is 422
+/// `idempotency_key_reused`.
 #[utoipa::path(post, path = "/api/v1/projects", tag = "projects", request_body = CreateProject,
-    responses((status = 201, body = ProjectEnvelope), (status = 401, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope)),
+    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 255 printable ASCII characters; a retry with the same key and body answers the first create's answer")),
+    responses((status = 201, body = ProjectEnvelope, headers(("idempotency-replayed" = String, description = "`true` when the answer is a replay"))),
+        (status = 401, body = ErrorEnvelope), (status = 403, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope)),
     security(("token" = [])))]
 pub async fn create_project(
     State(hub): State<Hub>,
     Caller(user): Caller,
-    JsonBody(req): JsonBody<CreateProject>,
+    CreateBody { body, key }: CreateBody<CreateProject>,
 ) -> HubResult<Response> {
-    Ok(ok_status(
-        StatusCode::CREATED,
-        hub.create_project(&user, req).await?,
-    ))
+    let key = key.map(|k| k.bind(&user.id, "POST /api/v1/projects".to_string()));
+    let h = hub.clone();
+    spawn(async move { h.create_project(&user, body, key.as_ref()).await })
+        .await?
+        .into_response()
 }
 
 /// One project (viewer).
@@ -77,7 +84,9 @@ pub async fn update_project(
     Ok(ok(hub.update_project(&user, &pid, req).await?))
 }
 
-/// Deletes an empty project (manager).
+/// Moves a project, with every notebook and version it holds, to the trash (manager): it is
+/// restorable until the maintenance pass purges it (`UNICAS_HUB_PROJECT_TRASH_RETENTION`,
+/// default 30 days); 409 while sessions run on its notebooks.
 #[utoipa::path(delete, path = "/api/v1/projects/{pid}", tag = "projects", params(("pid" = String, Path)),
     responses((status = 200, body = EmptyEnvelope), (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)),
     security(("token" = [])))]
@@ -86,7 +95,47 @@ pub async fn delete_project(
     Caller(user): Caller,
     P(pid): P<ProjectId>,
 ) -> HubResult<Response> {
-    hub.delete_project(&user, &pid).await?;
+    let h = hub.clone();
+    spawn(async move { h.trash_project(&user, &pid).await }).await?;
+    Ok(ok(Empty {}))
+}
+
+/// Projects in the trash that the caller manages, most recently deleted first.
+#[utoipa::path(get, path = "/api/v1/projects/trash", tag = "projects",
+    responses((status = 200, body = TrashedProjectsEnvelope), (status = 401, body = ErrorEnvelope)), security(("token" = [])))]
+pub async fn list_trashed_projects(
+    State(hub): State<Hub>,
+    Caller(user): Caller,
+) -> HubResult<Response> {
+    Ok(ok(hub.trashed_projects(&user).await?))
+}
+
+/// Brings a project back from the trash with everything it held (manager).
+#[utoipa::path(post, path = "/api/v1/projects/{pid}/restore", tag = "projects", params(("pid" = String, Path)),
+    responses((status = 200, body = ProjectEnvelope), (status = 404, body = ErrorEnvelope)), security(("token" = [])))]
+pub async fn restore_project(
+    State(hub): State<Hub>,
+    Caller(user): Caller,
+    P(pid): P<ProjectId>,
+) -> HubResult<Response> {
+    let h = hub.clone();
+    Ok(ok(spawn(
+        async move { h.restore_project(&user, &pid).await },
+    )
+    .await?))
+}
+
+/// Purges a project in the trash now (manager): every root of its notebooks' histories is
+/// released; CAS garbage collection frees what nothing else references.
+#[utoipa::path(post, path = "/api/v1/projects/{pid}/purge", tag = "projects", params(("pid" = String, Path)),
+    responses((status = 200, body = EmptyEnvelope), (status = 404, body = ErrorEnvelope)), security(("token" = [])))]
+pub async fn purge_project(
+    State(hub): State<Hub>,
+    Caller(user): Caller,
+    P(pid): P<ProjectId>,
+) -> HubResult<Response> {
+    let h = hub.clone();
+    spawn(async move { h.purge_project_now(&user, &pid).await }).await?;
     Ok(ok(Empty {}))
 }
 

@@ -94,6 +94,14 @@ pub async fn gc(
             break;
         }
     }
+    let ev = crate::store::EventRow::new(
+        "project.gc",
+        &user.id,
+        Some(&pid),
+        None,
+        serde_json::json!({"deleted": view.deleted, "reclaimed_content_bytes": view.reclaimed_content_bytes}),
+    );
+    hub.store.record_event(&ev).await?;
     Ok(ok(view))
 }
 

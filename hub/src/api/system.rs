@@ -64,6 +64,14 @@ pub struct SystemLimits {
     pub session_max_lifetime_seconds: u64,
     /// How long a writer waits for a busy workspace before `workspace_busy`.
     pub workspace_wait_seconds: f64,
+    /// Live personal access tokens per user.
+    pub tokens_per_user: i64,
+    /// How long things are kept, in seconds (`null`: for ever): catalog snapshots, events,
+    /// idempotency records, projects in the trash.
+    pub catalog_retention_seconds: Option<u64>,
+    pub event_retention_seconds: Option<u64>,
+    pub idempotency_retention_seconds: Option<u64>,
+    pub project_trash_retention_seconds: Option<u64>,
 }
 
 /// What the deployment offers.
@@ -79,6 +87,12 @@ pub struct SystemFeatures {
     pub push_sync: bool,
     /// Notebooks served as apps to many visitors.
     pub app_pools: bool,
+    /// `Idempotency-Key` on project and notebook creates.
+    pub idempotent_creates: bool,
+    /// Tokens limited to some projects and a role (credential version 2).
+    pub scoped_tokens: bool,
+    /// Members invited by email before they have an account.
+    pub invitations: bool,
 }
 
 envelope!(SystemEnvelope, SystemView);
@@ -128,6 +142,11 @@ pub async fn get_system(State(hub): State<Hub>, Caller(_user): Caller) -> HubRes
             session_idle_timeout_seconds: s.idle_timeout_s,
             session_max_lifetime_seconds: s.max_lifetime_s,
             workspace_wait_seconds: c.workspace_wait_ms as f64 / 1000.0,
+            tokens_per_user: crate::auth::MAX_LIVE_TOKENS,
+            catalog_retention_seconds: unless_zero(c.retention.catalog_ms / 1000),
+            event_retention_seconds: unless_zero(c.retention.events_ms / 1000),
+            idempotency_retention_seconds: unless_zero(c.retention.idempotency_ms / 1000),
+            project_trash_retention_seconds: unless_zero(c.retention.project_trash_ms / 1000),
         },
         features: SystemFeatures {
             sessions: true,
@@ -135,6 +154,9 @@ pub async fn get_system(State(hub): State<Hub>, Caller(_user): Caller) -> HubRes
             editor_mode: s.editor_mode,
             push_sync: true,
             app_pools: false,
+            idempotent_creates: true,
+            scoped_tokens: true,
+            invitations: true,
         },
     }))
 }

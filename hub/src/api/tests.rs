@@ -27,7 +27,10 @@ async fn fixture() -> Fixture {
     hub.create_user("ada", "Ada", None, false)
         .await
         .expect("user");
-    let (token, _) = hub.create_token("ada", "tests", None).await.expect("token");
+    let (token, _) = hub
+        .create_token("ada", "tests", None, None)
+        .await
+        .expect("token");
     Fixture {
         router: super::router(hub),
         token,

@@ -20,8 +20,10 @@ use utoipa::ToSchema;
 use crate::error::{HubError, HubResult};
 use crate::ids::{NotebookId, ProjectId};
 
+mod history;
 mod snapshots;
 
+pub use history::{Recovered, SnapshotInfo};
 pub use snapshots::SnapshotCache;
 
 /// The Space holding catalog snapshots (project Spaces are their project ids).
@@ -140,6 +142,25 @@ pub struct ProjectEntry {
     pub updated_at: String,
     pub tags: Vec<String>,
     pub notebooks: Vec<NotebookEntry>,
+    /// The role of a signed-in user who is no member; absent: the deployment's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_role: Option<ProjectDefaultRole>,
+    /// When the project went to the trash (RFC 3339), and by whom; absent while live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_by: Option<String>,
+}
+
+/// A project's default access for signed-in users who are not members (seed 000 §12): `none`
+/// grants nothing; `inherit` (stored as nothing) takes the deployment's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProjectDefaultRole {
+    Inherit,
+    None,
+    Viewer,
+    Editor,
 }
 
 /// One catalog snapshot. Its projects are shared with other snapshots (`Arc`), and each
@@ -193,23 +214,42 @@ struct CatalogV1 {
 }
 
 impl Catalog {
+    /// Live projects (not in the trash).
     pub fn projects(&self) -> impl Iterator<Item = &ProjectEntry> {
+        self.all_projects().filter(|p| p.is_live())
+    }
+
+    /// Every project, live or in the trash.
+    pub fn all_projects(&self) -> impl Iterator<Item = &ProjectEntry> {
         self.projects.iter().map(|p| p.as_ref())
     }
 
+    /// Projects, live or in the trash (each holds its notebooks and counts toward limits).
     pub fn project_count(&self) -> usize {
         self.projects.len()
     }
 
+    /// A live project.
     pub fn project(&self, id: &ProjectId) -> Option<&ProjectEntry> {
+        self.any_project(id).filter(|p| p.is_live())
+    }
+
+    /// A project, live or in the trash.
+    pub fn any_project(&self, id: &ProjectId) -> Option<&ProjectEntry> {
         self.projects
             .iter()
             .find(|p| p.id == *id)
             .map(|p| p.as_ref())
     }
 
-    /// A project to change; it will be encoded again.
+    /// A live project to change; it will be encoded again.
     pub fn project_mut(&mut self, id: &ProjectId) -> Option<&mut ProjectEntry> {
+        self.any_project(id)?.is_live().then_some(())?;
+        self.any_project_mut(id)
+    }
+
+    /// A project to change, live or in the trash.
+    pub fn any_project_mut(&mut self, id: &ProjectId) -> Option<&mut ProjectEntry> {
         let i = self.projects.iter().position(|p| p.id == *id)?;
         self.nodes[i] = None;
         Some(Arc::make_mut(&mut self.projects[i]))
@@ -303,6 +343,11 @@ impl Catalog {
 }
 
 impl ProjectEntry {
+    /// Whether it is live (not in the trash).
+    pub fn is_live(&self) -> bool {
+        self.deleted_at.is_none()
+    }
+
     pub fn notebook(&self, id: &NotebookId) -> Option<&NotebookEntry> {
         self.notebooks.iter().find(|n| n.id == *id)
     }

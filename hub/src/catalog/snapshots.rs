@@ -13,6 +13,7 @@ use crate::error::{HubError, HubResult};
 use crate::ids;
 use crate::lock::LockKey;
 use crate::outbox::{Effect, Payload, Pending};
+use crate::store::SnapshotRow;
 
 /// Parsed catalog nodes by hash (immutable, so never stale), bounded in bytes: project entries
 /// by the size of their node, and the last few snapshots (which share their projects).
@@ -117,7 +118,7 @@ impl Hub {
         Ok(entry)
     }
 
-    async fn load_snapshot(&self, hash: &Hash) -> HubResult<Arc<Catalog>> {
+    pub(crate) async fn load_snapshot(&self, hash: &Hash) -> HubResult<Arc<Catalog>> {
         if let Some(c) = self.snapshots.snapshot(hash) {
             return Ok(c);
         }
@@ -230,18 +231,32 @@ impl Hub {
         f: impl FnOnce(&mut Catalog) -> HubResult<(T, Vec<Effect>)>,
     ) -> HubResult<T> {
         let head = self.store.catalog_head().await?;
-        let (mut next, expected_seq, old) = match &head {
-            Some(h) => (
-                (*self.load_snapshot(&h.hash).await?).clone(),
-                h.seq,
-                Some(h.hash),
-            ),
-            None => (Catalog::default(), 0, None),
+        let (mut next, expected_seq) = match &head {
+            Some(h) => ((*self.load_snapshot(&h.hash).await?).clone(), h.seq),
+            None => (Catalog::default(), 0),
         };
         let (out, effects) = f(&mut next)?;
         let previous = (!next.snapshot_id.is_empty()).then(|| next.snapshot_id.clone());
+        self.commit_catalog(next, expected_seq, previous, actor, operation, effects)
+            .await?;
+        Ok(out)
+    }
+
+    /// Writes `next` as a new snapshot after `previous` and moves the head to it from
+    /// `expected_seq`, with `effects`; the caller holds the catalog lock. The new snapshot's
+    /// root ref is taken; the old ones stay held until the retention pass releases them.
+    pub(crate) async fn commit_catalog(
+        &self,
+        mut next: Catalog,
+        expected_seq: i64,
+        previous: Option<String>,
+        actor: &str,
+        operation: &str,
+        effects: Vec<Effect>,
+    ) -> HubResult<()> {
+        let now = ids::now_ms();
         next.snapshot_id = ids::snapshot_id();
-        next.created_at = ids::rfc3339(ids::now_ms());
+        next.created_at = ids::rfc3339(now);
         next.operation = operation.to_string();
         next.actor = actor.to_string();
         next.previous_snapshot_id = previous;
@@ -259,27 +274,31 @@ impl Hub {
                 ),
                 _ => e.into(),
             })?;
-        let mut changes = std::collections::BTreeMap::from([(hash, 1i64)]);
-        if let Some(old) = old
-            && old != hash
-        {
-            changes.insert(old, -1);
-        }
+        let history = SnapshotRow {
+            snapshot_id: next.snapshot_id.clone(),
+            hash,
+            created_at_ms: now,
+            operation: operation.to_string(),
+            actor: actor.to_string(),
+            previous_snapshot_id: next.previous_snapshot_id.clone(),
+            released_at_ms: None,
+        };
         let pending = Pending {
             request_id: format!("hub:catalog:{}", next.snapshot_id),
             lock_key: LockKey::catalog(),
             space,
-            changes,
+            changes: std::collections::BTreeMap::from([(hash, 1i64)]),
             payload: Payload::Catalog {
                 expected_seq,
                 snapshot_id: next.snapshot_id.clone(),
                 snapshot_hash: hash,
                 effects,
+                history: Some(history),
             },
             root_node: Some(encoded.root_node),
         };
         self.record_and_complete(&pending).await?;
         self.snapshots.put_snapshot(hash, Arc::new(next));
-        Ok(out)
+        Ok(())
     }
 }

@@ -63,3 +63,106 @@ impl HubStore {
         Ok(n == 1)
     }
 }
+
+/// A kept (or released) catalog snapshot.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotRow {
+    pub snapshot_id: String,
+    pub hash: Hash,
+    pub created_at_ms: i64,
+    pub operation: String,
+    pub actor: String,
+    pub previous_snapshot_id: Option<String>,
+    /// When the retention pass released it (its root ref dropped); `None` while kept.
+    pub released_at_ms: Option<i64>,
+}
+
+const SNAPSHOT_COLUMNS: &str = "snapshot_id, snapshot_hash, created_at_ms, operation, actor, \
+     previous_snapshot_id, released_at_ms";
+
+fn snapshot_row(r: &sqlx::any::AnyRow) -> Result<SnapshotRow, sqlx::Error> {
+    Ok(SnapshotRow {
+        snapshot_id: r.try_get("snapshot_id")?,
+        hash: parsed(r, "snapshot_hash")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        operation: r.try_get("operation")?,
+        actor: r.try_get("actor")?,
+        previous_snapshot_id: r.try_get("previous_snapshot_id")?,
+        released_at_ms: r.try_get("released_at_ms")?,
+    })
+}
+
+impl HubStore {
+    /// Records a snapshot the head now names (once: a replayed commit records nothing twice).
+    pub async fn insert_catalog_snapshot(
+        tx: &mut WriteTx,
+        s: &SnapshotRow,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO hub_catalog_snapshots ({SNAPSHOT_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, NULL) ON CONFLICT (snapshot_id) DO NOTHING"
+        )))
+        .bind(&s.snapshot_id)
+        .bind(s.hash.to_string())
+        .bind(s.created_at_ms)
+        .bind(&s.operation)
+        .bind(&s.actor)
+        .bind(&s.previous_snapshot_id)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    /// Snapshots newest first, those created before `before_ms` when given; released ones
+    /// only if `released`.
+    pub async fn catalog_snapshots(
+        &self,
+        before_ms: Option<i64>,
+        released: bool,
+        limit: i64,
+    ) -> Result<Vec<SnapshotRow>, sqlx::Error> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SNAPSHOT_COLUMNS} FROM hub_catalog_snapshots \
+             WHERE created_at_ms < $1 AND ($2 = 1 OR released_at_ms IS NULL) \
+             ORDER BY created_at_ms DESC, snapshot_id DESC LIMIT $3"
+        )))
+        .bind(before_ms.unwrap_or(i64::MAX))
+        .bind(i64::from(released))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(snapshot_row).collect()
+    }
+
+    pub async fn catalog_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>, sqlx::Error> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SNAPSHOT_COLUMNS} FROM hub_catalog_snapshots WHERE snapshot_id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?;
+        row.as_ref().map(snapshot_row).transpose()
+    }
+
+    /// Marks snapshots released (their root refs were dropped).
+    pub async fn mark_snapshots_released(
+        tx: &mut WriteTx,
+        ids: &[String],
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE hub_catalog_snapshots SET released_at_ms = $1 \
+             WHERE released_at_ms IS NULL AND snapshot_id IN ({})",
+            super::placeholders(2, ids.len())
+        )))
+        .bind(now);
+        for id in ids {
+            q = q.bind(id);
+        }
+        q.execute(tx.conn()).await?;
+        Ok(())
+    }
+}

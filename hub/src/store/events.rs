@@ -119,3 +119,29 @@ impl HubStore {
             .collect()
     }
 }
+
+impl HubStore {
+    /// Records an event that rides with no other change.
+    pub async fn record_event(&self, e: &EventRow) -> Result<(), sqlx::Error> {
+        let mut tx = self.write().await?;
+        e.insert(&mut tx).await?;
+        tx.commit().await
+    }
+
+    /// Deletes events older than `before_ms` (by their time-ordered ids), at most `limit` of
+    /// them; how many.
+    pub async fn expire_events(&self, before_ms: i64, limit: i64) -> Result<u64, sqlx::Error> {
+        let mut tx = self.write().await?;
+        let n = sqlx::query(
+            "DELETE FROM hub_events WHERE id IN \
+             (SELECT id FROM hub_events WHERE id < $1 ORDER BY id LIMIT $2)",
+        )
+        .bind(ids::first_event_id_at(before_ms))
+        .bind(limit)
+        .execute(tx.conn())
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+}

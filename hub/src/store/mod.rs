@@ -53,6 +53,8 @@ macro_rules! column_enum {
 
 pub mod catalog;
 pub mod events;
+pub mod idempotency;
+pub mod invitations;
 pub mod locks;
 pub mod notebooks;
 pub mod outbox;
@@ -61,9 +63,12 @@ pub mod stats;
 pub mod users;
 pub mod versions;
 
+pub use catalog::SnapshotRow;
 pub use events::{EventFilter, EventRow};
+pub use idempotency::IdempotencyRow;
+pub use invitations::{GrantedRole, InvitationRow};
 pub use notebooks::{NotebookRow, NotebookState, TrashRow};
-pub use users::{Identity, TokenRow, User};
+pub use users::{Identity, ScopeProjects, TokenRow, TokenScope, User};
 pub use versions::{StoredVersion, VersionKind, VersionRow, VersionState};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/hub-sqlite");

@@ -8,7 +8,7 @@ use crate::ids::{NotebookId, ProjectId};
 column_enum! {
     /// Where a notebook's row stands. A notebook is created `Live`, goes to the trash
     /// (`Trashed`), and from there back to `Live` or on to `Purging` (its roots being released)
-    /// and `Purged`.
+    /// and `Purged`; the notebooks of a purged project go to `Purging` from either.
     pub enum NotebookState {
         Live = "live",
         Trashed = "trashed",
@@ -23,7 +23,11 @@ impl NotebookState {
         use NotebookState::*;
         matches!(
             (self, next),
-            (Live, Trashed) | (Trashed, Live) | (Trashed, Purging) | (Purging, Purged)
+            (Live, Trashed)
+                | (Trashed, Live)
+                | (Trashed, Purging)
+                | (Live, Purging)
+                | (Purging, Purged)
         )
     }
 }
@@ -258,6 +262,18 @@ impl HubStore {
             .await?;
         Ok(())
     }
+
+    /// Takes a notebook out of the trash, whatever its token.
+    pub async fn delete_trash_of(
+        tx: &mut WriteTx,
+        notebook: &NotebookId,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM hub_trash WHERE notebook_id = $1")
+            .bind(notebook.as_str())
+            .execute(tx.conn())
+            .await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -274,7 +290,7 @@ mod tests {
         assert!(Trashed.may_become(Live));
         assert!(Trashed.may_become(Purging));
         assert!(Purging.may_become(Purged));
-        assert!(!Live.may_become(Purging));
+        assert!(Live.may_become(Purging));
         assert!(!Purged.may_become(Live));
         assert!(!Purging.may_become(Live));
     }
