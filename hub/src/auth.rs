@@ -188,8 +188,11 @@ impl Hub {
             }
         }
         let mut user = self.user(&check.user_id).await?.ok_or_else(bad)?;
-        if check.invited {
-            self.claim_invitations(&user).await?;
+        if check.invited
+            && let Err(e) = self.claim_invitations(&user).await
+        {
+            // Claimed on a later request; the request itself goes on.
+            tracing::warn!(user = %user.id, error = %e, "cannot claim invitations yet");
         }
         user.scope = scope;
         Ok(user)

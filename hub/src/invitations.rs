@@ -166,7 +166,12 @@ impl Hub {
             return Ok(());
         };
         let invitations = self.store.invitations_for(&email).await?;
-        if invitations.is_empty() {
+        // Invitations to projects in the trash wait with them: nothing to change for those.
+        let cat = self.catalog().await?;
+        if invitations
+            .iter()
+            .all(|i| cat.any_project(&i.project_id).is_some_and(|p| !p.is_live()))
+        {
             return Ok(());
         }
         self.mutate_catalog(&user.id, "project.members", |cat| {

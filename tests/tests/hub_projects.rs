@@ -351,6 +351,42 @@ async fn default_access_and_invitations(b: Backend) -> anyhow::Result<()> {
             .iter()
             .any(|m| m["user_id"] == "frank")
     );
+    // An invitation to a project in the trash waits with it and costs no change per request;
+    // restored, it is claimed on the next one.
+    let q = a.project("Paused").await?;
+    data(
+        &a.post(
+            &format!("/api/v1/projects/{q}/invitations"),
+            &json!({"email": "gina@example.com", "role": "viewer"}),
+        )
+        .await?,
+        201,
+    );
+    data(&a.delete(&format!("/api/v1/projects/{q}")).await?, 200);
+    env.cli(&["user", "create", "gina", "--email", "gina@example.com"])?;
+    let gina = env
+        .cli(&["token", "create", "--user", "gina"])?
+        .trim()
+        .to_string();
+    let g = server.client(Some(&gina));
+    let before = snapshots(&env, false)?.len();
+    for _ in 0..3 {
+        data(&g.get("/api/v1/projects").await?, 200);
+    }
+    assert_eq!(
+        snapshots(&env, false)?.len(),
+        before,
+        "no catalog change per request"
+    );
+    data(
+        &a.post(&format!("/api/v1/projects/{q}/restore"), &json!({}))
+            .await?,
+        200,
+    );
+    assert_eq!(
+        data(&g.get(&format!("/api/v1/projects/{q}")).await?, 200)["role"],
+        "viewer"
+    );
     let r = server.client(Some(&root));
     let names = event_names(&r, &pid).await?;
     ensure!(names.iter().any(|n| n == "project.invite"), "{names:?}");

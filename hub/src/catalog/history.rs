@@ -36,6 +36,8 @@ pub struct Recovered {
     /// Notebooks created since the recovered snapshot: still stored, no longer listed (they
     /// come back with a recovery of a snapshot that lists them).
     pub unlisted: Vec<String>,
+    /// Projects created since the recovered snapshot, likewise.
+    pub unlisted_projects: Vec<String>,
     /// Notebooks whose place (live or in the trash) follows where their content is now.
     pub reconciled: Vec<String>,
 }
@@ -99,6 +101,7 @@ impl Hub {
                     "replaced_snapshot_id": current.snapshot_id,
                     "dropped": report.dropped,
                     "unlisted": report.unlisted,
+                    "unlisted_projects": report.unlisted_projects,
                 }),
             );
             self.commit_catalog(
@@ -128,6 +131,9 @@ impl Hub {
             .flat_map(|p| p.notebooks.iter().map(|n| n.id.to_string()))
             .collect();
         for p in current.all_projects() {
+            if next.any_project(&p.id).is_none() {
+                report.unlisted_projects.push(p.id.to_string());
+            }
             for n in &p.notebooks {
                 if !listed.contains(n.id.as_str()) {
                     report.unlisted.push(n.id.to_string());
