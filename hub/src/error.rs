@@ -113,6 +113,17 @@ impl HubError {
         }
         .with("limit", limit)
     }
+    /// An app pool has no free visit slot and may start no sandbox (seed 003).
+    pub fn app_pool_full(retry_after: u32) -> Self {
+        HubError {
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "app_pool_full",
+                "every sandbox of this app is full and no more may start; retry shortly",
+            )
+        }
+    }
     /// The disk is below its free-space floor; nothing was written.
     pub fn insufficient_storage() -> Self {
         HubError {

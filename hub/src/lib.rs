@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod app_pools;
 pub mod auth;
 pub mod catalog;
 pub mod cli;

@@ -101,12 +101,16 @@ impl Hub {
 
     /// Whether `user` may use (open, heartbeat) session `row`: its user; for a shared editor,
     /// the project's editors.
+    /// For an app sandbox: those with a visit slot on it (seed 003), whoever started it.
     pub async fn may_use_session(&self, user: &User, row: &SessionRow) -> HubResult<bool> {
+        if row.mode == SessionMode::App {
+            return Ok(self
+                .store
+                .has_visit(&row.session_id, &user.id, ids::now_ms())
+                .await?);
+        }
         if row.user_id == user.id {
             return Ok(true);
-        }
-        if row.mode != SessionMode::Edit {
-            return Ok(false);
         }
         let shared = self
             .store

@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    Backend, Db, Process, TestEnv, binary, drop_database, pg_admin, pg_admin_url, random_id,
+    Backend, Db, Process, Server, TestEnv, binary, drop_database, pg_admin, pg_admin_url, random_id,
 };
 
 /// Runs an async scenario on SQLite and on Postgres (filesystem store), one test each:
@@ -239,6 +239,31 @@ impl HubEnv {
             .cli(&["token", "create", "--user", id])?
             .trim()
             .to_string())
+    }
+
+    /// Starts a CAS service of its own for the hubs of this environment (so several hub
+    /// processes share it), registers the hub's App and key there, and points
+    /// `UNICAS_HUB_CAS_URL` at it.
+    pub fn separate_cas(&mut self) -> anyhow::Result<Server> {
+        let cas = self.env.start()?;
+        let public = self.cli(&["public-key"])?;
+        let pub_path = self.env.dir.path().join("hub.pub.pem");
+        std::fs::write(&pub_path, public)?;
+        self.env
+            .cli(&["app", "create", "hub", "--issuer", "urn:unicas:hub"])?;
+        self.env.cli(&[
+            "app",
+            "add-key",
+            "hub",
+            "--kid",
+            "hub-1",
+            "--alg",
+            "EdDSA",
+            "--public-key",
+            pub_path.to_str().context("path")?,
+        ])?;
+        self.set("UNICAS_HUB_CAS_URL", &cas.url);
+        Ok(cas)
     }
 
     /// Starts `unicas-hub serve` (embedding the CAS unless `UNICAS_HUB_CAS_URL` is set).

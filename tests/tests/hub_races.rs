@@ -246,25 +246,7 @@ fn two_hub_processes_over_one_sqlite_file() {
 async fn two_hub_processes(b: Backend) -> anyhow::Result<()> {
     let mut env = HubEnv::new(b).await?;
     // One CAS service for both hubs, registered with the hub's key.
-    let cas_env = &env.env;
-    let cas = cas_env.start()?;
-    let public = env.cli(&["public-key"])?;
-    let pub_path = env.env.dir.path().join("hub.pub.pem");
-    std::fs::write(&pub_path, public)?;
-    env.env
-        .cli(&["app", "create", "hub", "--issuer", "urn:unicas:hub"])?;
-    env.env.cli(&[
-        "app",
-        "add-key",
-        "hub",
-        "--kid",
-        "hub-1",
-        "--alg",
-        "EdDSA",
-        "--public-key",
-        pub_path.to_str().context("path")?,
-    ])?;
-    env.set("UNICAS_HUB_CAS_URL", &cas.url);
+    let cas = env.separate_cas()?;
     env.set("UNICAS_HUB_WORKSPACE_WAIT_MS", "20000");
     let token = env.user("alice")?;
     let h1 = env.start()?;

@@ -15,6 +15,7 @@ use utoipa_axum::routes;
 use crate::Hub;
 use crate::error::HubError;
 
+pub mod app_pools;
 pub mod auth;
 pub mod envelope;
 pub mod events;
@@ -136,6 +137,11 @@ pub fn router(hub: Hub) -> Router {
         .routes(routes!(notebooks::rotate_sync_token))
         .routes(routes!(sessions::list_sessions))
         .routes(routes!(sessions::create_session))
+        .routes(routes!(app_pools::get_pool))
+        .routes(routes!(app_pools::visit_heartbeat))
+        .routes(routes!(app_pools::visit_departure))
+        .routes(routes!(app_pools::stop_member))
+        .routes(routes!(app_pools::restart_member))
         .routes(routes!(sessions::get_session, sessions::delete_session))
         .routes(routes!(sessions::heartbeat))
         .routes(routes!(sessions::editor_session))

@@ -9,6 +9,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use super::app_pools::OpenedSessionEnvelope;
 use super::envelope::{ErrorEnvelope, Page, PageQuery, envelope, page_of_fetched};
 use super::extract::{Caller, P, Q};
 use super::files::stream_snapshot;
@@ -30,6 +31,10 @@ pub struct CreateSession {
     /// read-only application.
     #[serde(default)]
     pub mode: Option<SessionMode>,
+    /// For `app`: the visit (one per browser tab; retries reuse it). Absent: the caller's
+    /// shared `api` visit.
+    #[serde(default)]
+    pub app_visit_id: Option<String>,
 }
 
 envelope!(SessionEnvelope, SessionView);
@@ -38,7 +43,7 @@ envelope!(EditorClaimEnvelope, EditorClaimView);
 
 impl Hub {
     /// The record as `user` sees it: with an `open_url` for those who may open it.
-    async fn session_view(&self, user: &User, row: &SessionRow) -> SessionView {
+    pub(crate) async fn session_view(&self, user: &User, row: &SessionRow) -> SessionView {
         let open = match self.may_use_session(user, row).await {
             Ok(true) => Some(self.open_url(row, &user.id)),
             _ => None,
@@ -101,12 +106,14 @@ pub async fn list_sessions(
     })))
 }
 
-/// Creates a session, or returns the caller's live one on this notebook (edit: editor; app:
-/// viewer). 202 while it starts; 200 for a session that already ran. Under an exclusive
-/// editor held by someone else: 409 `editor_claimed`.
+/// Creates a session, or returns the caller's live one on this notebook (edit: editor). 202
+/// while it starts; 200 for a session that already ran. Under an exclusive editor held by
+/// someone else: 409 `editor_claimed`. `mode: app` (viewer) admits one visit to the
+/// notebook's app pool (seed 003): the answer's `app_assignment` names its sandbox and slot;
+/// a full pool answers 429 `app_pool_full` with `Retry-After`.
 #[utoipa::path(post, path = "/api/v1/projects/{pid}/notebooks/{nid}/sessions", tag = "sessions",
     params(("pid" = String, Path), ("nid" = String, Path)), request_body = CreateSession,
-    responses((status = 200, body = SessionEnvelope), (status = 201, body = SessionEnvelope), (status = 202, body = SessionEnvelope),
+    responses((status = 200, body = OpenedSessionEnvelope), (status = 201, body = OpenedSessionEnvelope), (status = 202, body = OpenedSessionEnvelope),
         (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope), (status = 429, body = ErrorEnvelope), (status = 503, body = ErrorEnvelope)),
     security(("token" = [])))]
 pub async fn create_session(
@@ -122,6 +129,16 @@ pub async fn create_session(
             .map_err(|e| HubError::invalid(format!("invalid body: {e}")))?
     };
     let mode = req.mode.unwrap_or(SessionMode::Edit);
+    if mode == SessionMode::App {
+        let admitted = hub
+            .admit_visit(&user, &pid, &nid, req.app_visit_id.as_deref())
+            .await?;
+        let view = hub.session_view(&user, &admitted.session).await;
+        return Ok(hub.admitted(admitted, view));
+    }
+    if req.app_visit_id.is_some() {
+        return Err(HubError::invalid("app_visit_id belongs to mode app"));
+    }
     let (row, how) = hub.open_session(&user, &pid, &nid, mode).await?;
     let status = match (how, row.status) {
         (_, SessionStatus::Starting) => StatusCode::ACCEPTED,

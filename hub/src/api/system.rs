@@ -66,6 +66,10 @@ pub struct SystemLimits {
     pub workspace_wait_seconds: f64,
     /// Live personal access tokens per user.
     pub tokens_per_user: i64,
+    /// App pools: visit slots per sandbox and sandboxes per notebook version (`null`:
+    /// unlimited).
+    pub app_max_visits_per_session: Option<u64>,
+    pub app_max_sessions_per_version: Option<u64>,
     /// How long things are kept, in seconds (`null`: for ever): catalog snapshots, events,
     /// idempotency records, projects in the trash.
     pub catalog_retention_seconds: Option<u64>,
@@ -143,6 +147,8 @@ pub async fn get_system(State(hub): State<Hub>, Caller(_user): Caller) -> HubRes
             session_max_lifetime_seconds: s.max_lifetime_s,
             workspace_wait_seconds: c.workspace_wait_ms as f64 / 1000.0,
             tokens_per_user: crate::auth::MAX_LIVE_TOKENS,
+            app_max_visits_per_session: s.app_max_visits,
+            app_max_sessions_per_version: s.app_max_sessions,
             catalog_retention_seconds: unless_zero(c.retention.catalog_ms / 1000),
             event_retention_seconds: unless_zero(c.retention.events_ms / 1000),
             idempotency_retention_seconds: unless_zero(c.retention.idempotency_ms / 1000),
@@ -153,7 +159,7 @@ pub async fn get_system(State(hub): State<Hub>, Caller(_user): Caller) -> HubRes
             marimo_version: s.marimo_version.clone(),
             editor_mode: s.editor_mode,
             push_sync: true,
-            app_pools: false,
+            app_pools: true,
             idempotent_creates: true,
             scoped_tokens: true,
             invitations: true,

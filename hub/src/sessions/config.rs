@@ -53,6 +53,20 @@ pub struct SessionConfig {
     /// `UNICAS_HUB_INTERNAL_URL`: where other hub processes reach this one (default
     /// `http://` and the address it listens on).
     pub internal_url: Option<String>,
+    /// App pools (seed 003): `UNICAS_HUB_APP_MAX_VISITS_PER_SESSION` (visit slots per
+    /// sandbox; the deprecated `UNICAS_HUB_APP_MAX_USERS_PER_SESSION` is its alias) and
+    /// `UNICAS_HUB_APP_MAX_SESSIONS_PER_VERSION` (starting and ready sandboxes of a notebook's
+    /// current version); unset: unlimited.
+    pub app_max_visits: Option<u64>,
+    pub app_max_sessions: Option<u64>,
+    /// `UNICAS_HUB_SESSION_APP_IDLE_TIMEOUT_SECONDS`: an app sandbox with no slot in use retires
+    /// this long after its last lease or grace deadline (default: the idle timeout).
+    pub app_idle_timeout_s: u64,
+    /// `UNICAS_HUB_APP_VISIT_LEASE_MS` (default 120,000): a visit's lease, renewed by heartbeats
+    /// once half of it has passed; `UNICAS_HUB_APP_GRACE_MS` (default 15,000): how long a
+    /// departed visit keeps its slot for a reconnect.
+    pub app_visit_lease_ms: u64,
+    pub app_grace_ms: u64,
 }
 
 impl Default for SessionConfig {
@@ -74,7 +88,23 @@ impl Default for SessionConfig {
             capture_max_bytes: 64 << 20,
             capture_max_files: 10_000,
             internal_url: None,
+            app_max_visits: None,
+            app_max_sessions: None,
+            app_idle_timeout_s: 1_800,
+            app_visit_lease_ms: 120_000,
+            app_grace_ms: 15_000,
         }
+    }
+}
+
+/// A positive integer setting; unset is `None`.
+fn positive(name: &str) -> anyhow::Result<Option<u64>> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => bail!("{name}={v:?}: expected a positive integer"),
+        },
     }
 }
 
@@ -118,6 +148,34 @@ impl SessionConfig {
             "UNICAS_HUB_SESSION_CAPTURE_MAX_FILES",
             &mut c.capture_max_files,
         )?;
+        c.app_idle_timeout_s = c.idle_timeout_s;
+        parse(
+            "UNICAS_HUB_SESSION_APP_IDLE_TIMEOUT_SECONDS",
+            &mut c.app_idle_timeout_s,
+        )?;
+        parse("UNICAS_HUB_APP_VISIT_LEASE_MS", &mut c.app_visit_lease_ms)?;
+        parse("UNICAS_HUB_APP_GRACE_MS", &mut c.app_grace_ms)?;
+        c.app_max_sessions = positive("UNICAS_HUB_APP_MAX_SESSIONS_PER_VERSION")?;
+        c.app_max_visits = match (
+            positive("UNICAS_HUB_APP_MAX_VISITS_PER_SESSION")?,
+            positive("UNICAS_HUB_APP_MAX_USERS_PER_SESSION")?,
+        ) {
+            (Some(v), old) => {
+                if old.is_some() {
+                    tracing::warn!(
+                        "UNICAS_HUB_APP_MAX_USERS_PER_SESSION is deprecated and ignored: UNICAS_HUB_APP_MAX_VISITS_PER_SESSION is set"
+                    );
+                }
+                Some(v)
+            }
+            (None, Some(old)) => {
+                tracing::warn!(
+                    "UNICAS_HUB_APP_MAX_USERS_PER_SESSION is deprecated: name it UNICAS_HUB_APP_MAX_VISITS_PER_SESSION"
+                );
+                Some(old)
+            }
+            (None, None) => None,
+        };
         if let Some(v) = env("UNICAS_HUB_EDITOR_MODE") {
             c.editor_mode = match Sharing::parse(&v) {
                 Some(m) => m,
@@ -129,6 +187,11 @@ impl SessionConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        if self.app_visit_lease_ms < 1000 || self.app_idle_timeout_s == 0 {
+            bail!(
+                "UNICAS_HUB_APP_VISIT_LEASE_MS must be at least 1000 and UNICAS_HUB_SESSION_APP_IDLE_TIMEOUT_SECONDS positive"
+            );
+        }
         if self.sweep_ms == 0 || self.expire_ms == 0 || self.start_timeout_ms == 0 {
             bail!("UNICAS_HUB_SESSION_SWEEP_MS, _EXPIRE_MS and _START_TIMEOUT_MS must be positive");
         }

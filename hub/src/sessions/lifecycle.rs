@@ -19,7 +19,7 @@ use crate::sessions::save::Dirs;
 use crate::sessions::view::proxy_path;
 use crate::sessions::{LiveSession, NewLive};
 use crate::store::sessions::{ClaimRow, SessionMode, SessionRow, SessionStatus};
-use crate::store::{EventRow, HubStore};
+use crate::store::{EventRow, HubStore, WriteTx};
 
 /// How often a live session's heartbeat is written to the database at most.
 pub(crate) const HEARTBEAT_WRITE_MS: i64 = 60_000;
@@ -96,19 +96,55 @@ impl Hub {
             .unwrap_or("notebook.py")
             .to_string();
         let now = ids::now_ms();
-        let sid = SessionId::generate();
-        let row = SessionRow {
-            session_id: sid.clone(),
+        let row = self.new_session_row(&user.id, pid, nid, mode, nb.head_revision, now);
+        let sid = row.session_id.clone();
+        let mut tx = self.store.write().await?;
+        self.check_session_limits(&mut tx, &user.id).await?;
+        if persist {
+            match claims::decide(&mut tx, nid, &user.id, now).await? {
+                ClaimDecision::Attach(holder) => return Ok((*holder, Opened::Attached)),
+                ClaimDecision::Take => {
+                    let claim = ClaimRow {
+                        notebook_id: nid.clone(),
+                        project_id: pid.clone(),
+                        session_id: sid.clone(),
+                        user_id: user.id.clone(),
+                        sharing: self.config.sessions.editor_mode,
+                        claimed_at_ms: now,
+                        takeover: None,
+                    };
+                    HubStore::put_editor_claim(&mut tx, &claim).await?;
+                }
+            }
+        }
+        Self::record_session(&mut tx, &row).await?;
+        tx.commit().await?;
+        self.launch(&row, persist, file, nb.head_revision);
+        Ok((row, Opened::Created))
+    }
+
+    /// A new record (`starting`, owned by this process) for `user_id` on a notebook.
+    pub(crate) fn new_session_row(
+        &self,
+        user_id: &str,
+        pid: &ProjectId,
+        nid: &NotebookId,
+        mode: SessionMode,
+        revision: Option<i64>,
+        now: i64,
+    ) -> SessionRow {
+        SessionRow {
+            session_id: SessionId::generate(),
             project_id: pid.clone(),
             notebook_id: nid.clone(),
-            user_id: user.id.clone(),
+            user_id: user_id.to_string(),
             mode,
             status: SessionStatus::Starting,
             started_at_ms: now,
             last_heartbeat_ms: now,
             ended_at_ms: None,
-            opened_revision: nb.head_revision,
-            base_revision: nb.head_revision,
+            opened_revision: revision,
+            base_revision: revision,
             save_notebook_id: nid.clone(),
             branched: false,
             last_saved_at_ms: None,
@@ -120,10 +156,18 @@ impl Hub {
             owner_url: self.sessions.internal_url().to_string(),
             error_code: None,
             error_message: None,
-        };
+        }
+    }
+
+    /// Refuses one more sandbox beyond the deployment's and `user_id`'s limits, counted in the
+    /// transaction that will record it.
+    pub(crate) async fn check_session_limits(
+        &self,
+        tx: &mut WriteTx,
+        user_id: &str,
+    ) -> HubResult<()> {
         let limits = &self.config.sessions;
-        let mut tx = self.store.write().await?;
-        let (total, mine) = HubStore::live_session_counts(&mut tx, &user.id).await?;
+        let (total, mine) = HubStore::live_session_counts(tx, user_id).await?;
         if limits.max_total > 0 && total as u64 >= limits.max_total {
             return Err(HubError::too_many_sessions(
                 "the hub runs as many sessions as it may; end one or retry later",
@@ -136,47 +180,44 @@ impl Hub {
                 limits.max_per_user,
             ));
         }
-        if persist {
-            match claims::decide(&mut tx, nid, &user.id, now).await? {
-                ClaimDecision::Attach(holder) => return Ok((*holder, Opened::Attached)),
-                ClaimDecision::Take => {
-                    let claim = ClaimRow {
-                        notebook_id: nid.clone(),
-                        project_id: pid.clone(),
-                        session_id: sid.clone(),
-                        user_id: user.id.clone(),
-                        sharing: limits.editor_mode,
-                        claimed_at_ms: now,
-                        takeover: None,
-                    };
-                    HubStore::put_editor_claim(&mut tx, &claim).await?;
-                }
-            }
-        }
-        HubStore::insert_session(&mut tx, &row).await?;
+        Ok(())
+    }
+
+    /// Writes a new record with its `session.create` event.
+    pub(crate) async fn record_session(tx: &mut WriteTx, row: &SessionRow) -> HubResult<()> {
+        HubStore::insert_session(tx, row).await?;
         EventRow::new(
             "session.create",
-            &user.id,
-            Some(pid),
-            Some(nid),
-            json!({"session_id": sid, "mode": mode}),
+            &row.user_id,
+            Some(&row.project_id),
+            Some(&row.notebook_id),
+            json!({"session_id": row.session_id, "mode": row.mode}),
         )
-        .insert(&mut tx)
+        .insert(tx)
         .await?;
-        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Starts the sandbox of a recorded session in the background, on `revision`.
+    pub(crate) fn launch(
+        &self,
+        row: &SessionRow,
+        persist: bool,
+        entry: String,
+        revision: Option<i64>,
+    ) {
         let live = self.sessions.insert(NewLive {
-            id: sid,
-            project: pid.clone(),
-            notebook: nid.clone(),
-            user: user.id.clone(),
-            mode,
+            id: row.session_id.clone(),
+            project: row.project_id.clone(),
+            notebook: row.notebook_id.clone(),
+            user: row.user_id.clone(),
+            mode: row.mode,
             persist,
-            entry: file,
-            now_ms: now,
+            entry,
+            now_ms: row.started_at_ms,
         });
         let hub = self.clone();
-        tokio::spawn(async move { hub.bring_up(live, nb.head_revision).await });
-        Ok((row, Opened::Created))
+        tokio::spawn(async move { hub.bring_up(live, revision).await });
     }
 
     /// Prepares the workspace, starts the sandbox and marks the session running (or failed).

@@ -59,6 +59,7 @@ impl Hub {
     /// stopped; expires records of other processes that stopped heartbeating; adopts
     /// sandboxes left on this host by a process that died; reaps old records.
     pub async fn sweep_sessions(&self) -> HubResult<()> {
+        self.sweep_app_pools().await?;
         let c = &self.config.sessions;
         let now = ids::now_ms();
         for live in self.sessions.all() {
@@ -72,6 +73,10 @@ impl Hub {
                 && self.sessions.provider.probe(sb).await == crate::sandbox::Health::Exited
             {
                 Some(End::Crashed)
+            } else if live.mode == SessionMode::App {
+                // App sandboxes live by their pool's visits (`sweep_app_pools`).
+                (now - live.started_ms > c.max_lifetime_s as i64 * 1000)
+                    .then_some(End::Expired("lifetime"))
             } else if now - live.last_seen_ms(now) > c.expire_ms as i64 {
                 Some(End::Expired("no heartbeat"))
             } else if now - live.last_active_ms() > c.idle_timeout_s as i64 * 1000 {

@@ -51,6 +51,7 @@ macro_rules! column_enum {
     };
 }
 
+pub mod app_pools;
 pub mod catalog;
 pub mod events;
 pub mod idempotency;

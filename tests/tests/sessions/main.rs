@@ -9,3 +9,4 @@ mod access;
 mod crash;
 mod editors;
 mod lifecycle;
+mod pools;
