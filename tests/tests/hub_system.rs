@@ -37,7 +37,11 @@ async fn system_describes_the_deployment(b: Backend) -> anyhow::Result<()> {
         assert_eq!(features["app_pools"], true);
         assert_eq!(features["idempotent_creates"], true);
         assert_eq!(limits["tokens_per_user"], 20);
-        assert_eq!(limits["app_max_visits_per_session"], Value::Null, "unset is unlimited");
+        assert_eq!(
+            limits["app_max_visits_per_session"],
+            Value::Null,
+            "unset is unlimited"
+        );
         assert!(
             features["marimo_version"]
                 .as_str()

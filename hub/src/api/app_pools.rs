@@ -108,18 +108,22 @@ pub async fn visit_departure(
     Ok(ok(Empty {}))
 }
 
-/// Sends a request about `sandbox` to the hub process that runs it, if another does.
-async fn owner_elsewhere(
+/// Checks that the caller is an editor, then sends a request about `sandbox` to the hub
+/// process that runs it if another does (its answer), else hands it back.
+async fn here_or_owner(
     hub: &Hub,
-    sandbox: &SessionId,
+    user: &User,
+    (pid, nid, sandbox): (&ProjectId, &NotebookId, &SessionId),
     req: Request,
-) -> HubResult<Result<Response, Request>> {
+) -> HubResult<Option<Response>> {
+    hub.notebook_for(user, pid, nid, crate::catalog::Role::Editor)
+        .await?;
     if let Some(row) = hub.store.session(sandbox).await?
         && let Owner::There(url) = hub.owner_of(&row)
     {
-        return Ok(Ok(proxy::forward_to_owner(hub, &url, req).await?));
+        return Ok(Some(proxy::forward_to_owner(hub, &url, req).await?));
     }
-    Ok(Err(req))
+    Ok(None)
 }
 
 /// Stops one sandbox of the pool (editor); its visits must be admitted again.
@@ -133,8 +137,7 @@ pub async fn stop_member(
     P((pid, nid, sandbox)): P<(ProjectId, NotebookId, SessionId)>,
     req: Request,
 ) -> HubResult<Response> {
-    authorized_member(&hub, &user, &pid, &nid).await?;
-    if let Ok(forwarded) = owner_elsewhere(&hub, &sandbox, req).await? {
+    if let Some(forwarded) = here_or_owner(&hub, &user, (&pid, &nid, &sandbox), req).await? {
         return Ok(forwarded);
     }
     hub.stop_member(&user, &pid, &nid, &sandbox).await?;
@@ -155,21 +158,8 @@ pub async fn restart_member(
     P((pid, nid, sandbox)): P<(ProjectId, NotebookId, SessionId)>,
     req: Request,
 ) -> HubResult<Response> {
-    authorized_member(&hub, &user, &pid, &nid).await?;
-    if let Ok(forwarded) = owner_elsewhere(&hub, &sandbox, req).await? {
+    if let Some(forwarded) = here_or_owner(&hub, &user, (&pid, &nid, &sandbox), req).await? {
         return Ok(forwarded);
     }
     Ok(ok(hub.restart_member(&user, &pid, &nid, &sandbox).await?))
-}
-
-/// Editors only, checked before a request is forwarded anywhere.
-async fn authorized_member(
-    hub: &Hub,
-    user: &User,
-    pid: &ProjectId,
-    nid: &NotebookId,
-) -> HubResult<()> {
-    hub.notebook_for(user, pid, nid, crate::catalog::Role::Editor)
-        .await
-        .map(|_| ())
 }

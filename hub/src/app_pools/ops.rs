@@ -7,7 +7,7 @@ use super::{
 };
 use crate::Hub;
 use crate::auth::User;
-use crate::catalog::Role;
+use crate::catalog::{NotebookEntry, Role};
 use crate::error::{HubError, HubResult};
 use crate::ids::{self, NotebookId, ProjectId, SessionId};
 use crate::sessions::lifecycle::{End, Owner};
@@ -110,6 +110,12 @@ impl Hub {
         ))
     }
 
+    /// Starts the app sandbox of a new member (copy-only: nothing is saved back).
+    fn launch_app(&self, row: &SessionRow, entry: &NotebookEntry, revision: Option<i64>) {
+        let file = entry.source.entry_notebook().unwrap_or("notebook.py");
+        self.launch(row, false, file.to_string(), revision);
+    }
+
     /// A new member on `revision` for the sandbox of `row`, reserved until its start times out.
     fn reservation(&self, row: &SessionRow, revision: Option<i64>, now: i64) -> MemberRow {
         MemberRow {
@@ -190,12 +196,7 @@ impl Hub {
             Routed::Started => "started",
         });
         if routed == Routed::Started {
-            let file = entry
-                .source
-                .entry_notebook()
-                .unwrap_or("notebook.py")
-                .to_string();
-            self.launch(&fresh, false, file, head);
+            self.launch_app(&fresh, &entry, head);
         }
         let session = self
             .store
@@ -422,12 +423,7 @@ impl Hub {
         if let Some(row) = self.store.session(sandbox).await? {
             self.stop_sandbox(&row).await?;
         }
-        let file = entry
-            .source
-            .entry_notebook()
-            .unwrap_or("notebook.py")
-            .to_string();
-        self.launch(&fresh, false, file, head);
+        self.launch_app(&fresh, &entry, head);
         Ok(reserved)
     }
 
