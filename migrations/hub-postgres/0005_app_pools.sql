@@ -12,7 +12,8 @@ CREATE TABLE hub_app_pools (
 -- A pool's sandboxes: each is an app session (`hub_sessions`, mode `app`) serving one revision
 -- of the notebook. A starting one counts toward its version's limit until `reserved_until_ms`;
 -- `idle_since_ms` is the last lease or grace deadline of a visit it held; `replaced_by` names
--- the member a restart reserved in its place.
+-- the member a restart reserved in its place. A `drain_only` member keeps the visits it has and
+-- takes no new ones (an app session from before pools).
 CREATE TABLE hub_app_members (
     sandbox_id        TEXT PRIMARY KEY,
     notebook_id       TEXT NOT NULL,
@@ -20,6 +21,7 @@ CREATE TABLE hub_app_members (
     reserved_until_ms BIGINT NOT NULL,
     idle_since_ms     BIGINT NOT NULL,
     replaced_by       TEXT,
+    drain_only        INTEGER NOT NULL DEFAULT 0 CHECK (drain_only IN (0, 1)),
     created_at_ms     BIGINT NOT NULL
 );
 CREATE INDEX hub_app_members_notebook ON hub_app_members (notebook_id);
@@ -37,3 +39,17 @@ CREATE TABLE hub_app_visits (
     PRIMARY KEY (notebook_id, user_id, visit_id)
 );
 CREATE INDEX hub_app_visits_sandbox ON hub_app_visits (sandbox_id);
+
+-- App sessions from before pools join them drain-only, each with its user's `api` visit: they
+-- keep serving that user (whose session heartbeats renew the visit) and retire once unused.
+INSERT INTO hub_app_pools (notebook_id, project_id, version, updated_at_ms)
+    SELECT DISTINCT notebook_id, project_id, 1, CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)
+    FROM hub_sessions WHERE mode = 'app' AND status IN ('starting', 'running');
+INSERT INTO hub_app_members (sandbox_id, notebook_id, revision, reserved_until_ms, idle_since_ms,
+                             drain_only, created_at_ms)
+    SELECT session_id, notebook_id, opened_revision, 0, CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT), 1, started_at_ms
+    FROM hub_sessions WHERE mode = 'app' AND status IN ('starting', 'running');
+INSERT INTO hub_app_visits (notebook_id, user_id, visit_id, sandbox_id, lease_until_ms,
+                            admitted_at_ms)
+    SELECT notebook_id, user_id, 'api', session_id, CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT) + 120000, started_at_ms
+    FROM hub_sessions WHERE mode = 'app' AND status IN ('starting', 'running');

@@ -179,6 +179,9 @@ pub async fn heartbeat(
         ));
     }
     hub.heartbeat(&row).await?;
+    if row.mode == SessionMode::App {
+        hub.renew_visits_on(&user, &row).await?;
+    }
     let row = hub.store.session(&sid).await?.unwrap_or(row);
     Ok(ok(hub.session_view(&user, &row).await))
 }

@@ -117,7 +117,7 @@ pub enum Plan {
     Full(u32),
 }
 
-/// Whether a member can take visits at `now`: its sandbox runs, or is starting within its
+/// Whether a member serves visits at `now`: its sandbox runs, or is starting within its
 /// reservation, and no restart replaced it.
 pub fn usable(m: &MemberRow, now: i64) -> bool {
     m.replaced_by.is_none()
@@ -186,7 +186,7 @@ pub fn plan_admission(state: &PoolState, visit: &VisitRequest, now: i64, limits:
     let current: Vec<&MemberRow> = state
         .members
         .iter()
-        .filter(|m| m.revision == head && usable(m, now))
+        .filter(|m| m.revision == head && !m.drain_only && usable(m, now))
         .collect();
     let room = current
         .iter()
@@ -306,6 +306,7 @@ mod tests {
             reserved_until_ms: 1_000,
             idle_since_ms: 0,
             replaced_by: None,
+            drain_only: false,
             created_at_ms: created,
             status: Some(status),
         }
@@ -388,6 +389,17 @@ mod tests {
             plan_admission(&state, &req(&nbid, "y", "t", Some(2), &new), now, LIMITS),
             Plan::Start(_)
         ));
+        // A drain-only sandbox keeps its visit, takes no other and does not count.
+        state.members[0].drain_only = true;
+        assert!(matches!(
+            plan_admission(&state, &req(&nbid, "u", "t1", Some(1), &new), now, LIMITS),
+            Plan::Reuse(v) if v.sandbox_id == a
+        ));
+        assert!(matches!(
+            plan_admission(&state, &req(&nbid, "v", "t2", Some(1), &new), now, LIMITS),
+            Plan::Start(_)
+        ));
+        state.members[0].drain_only = false;
         // An expired starting reservation stops counting.
         assert!(matches!(
             plan_admission(&state, &req(&nbid, "y", "t", Some(1), &new), 2_000, LIMITS),

@@ -125,6 +125,7 @@ impl Hub {
             reserved_until_ms: now + self.start_ms(),
             idle_since_ms: now,
             replaced_by: None,
+            drain_only: false,
             created_at_ms: now,
             status: Some(SessionStatus::Starting),
         }
@@ -251,6 +252,37 @@ impl Hub {
         Ok(self.assignment(pid, &visit, None, Routed::Reused))
     }
 
+    /// A heartbeat of an app session itself (clients from before pools): renews the caller's
+    /// visits on that sandbox as their own heartbeats would.
+    pub async fn renew_visits_on(&self, user: &User, row: &SessionRow) -> HubResult<()> {
+        let lease = self.pool_limits().lease_ms;
+        let now = ids::now_ms();
+        let mine = |state: &PoolState, now: i64| -> Vec<VisitRow> {
+            state
+                .visits
+                .iter()
+                .filter(|v| v.user_id == user.id && v.sandbox_id == row.session_id)
+                .filter(|v| v.grace_until_ms.is_some() || v.lease_until_ms - now < lease / 2)
+                .cloned()
+                .collect()
+        };
+        if mine(&self.read_pool(&row.notebook_id, now).await?, now).is_empty() {
+            return Ok(());
+        }
+        self.change_pool(&row.project_id, &row.notebook_id, |state, now| {
+            let writes = mine(state, now)
+                .into_iter()
+                .map(|mut v| {
+                    v.grace_until_ms = None;
+                    v.lease_until_ms = now + lease;
+                    Write::PutVisit(v)
+                })
+                .collect();
+            Ok(((), writes))
+        })
+        .await
+    }
+
     /// The caller's page left: its slot is kept for the reconnect grace, then released.
     pub async fn depart(
         &self,
@@ -297,7 +329,7 @@ impl Hub {
                     MemberState::Replaced
                 } else if !usable(m, now) {
                     MemberState::Gone
-                } else if m.revision != nb.head_revision {
+                } else if m.drain_only || m.revision != nb.head_revision {
                     MemberState::Draining
                 } else if m.status == Some(SessionStatus::Starting) {
                     MemberState::Starting
@@ -428,8 +460,10 @@ impl Hub {
     }
 
     /// The pools' part of the session sweep: keeps the app sandboxes this process runs alive
-    /// while they hold visits or have been idle for less than the app idle timeout, and retires
-    /// the others (out of their pool first, so no visit is routed to them).
+    /// while they hold visits, have a client connected through the proxy, or have been idle for
+    /// less than the app idle timeout, and retires the others (out of their pool first, so no
+    /// visit is routed to them). One whose retirement failed is out of its pool already and is
+    /// retired again on the next sweep.
     pub async fn sweep_app_pools(&self) -> HubResult<()> {
         let idle_ms = i64::try_from(self.config.sessions.app_idle_timeout_s)
             .unwrap_or(1_800)
@@ -451,7 +485,10 @@ impl Hub {
                     })
             };
             let now = ids::now_ms();
-            let retire = idle(&self.read_pool(&row.notebook_id, now).await?, now)
+            // An open kernel connection keeps it, slot or not (a page whose heartbeats stopped
+            // while its tab stays connected).
+            let retire = !live.has_open_sockets()
+                && idle(&self.read_pool(&row.notebook_id, now).await?, now)
                 && self
                     .change_pool(&row.project_id, &row.notebook_id, |state, now| {
                         // Checked again on the state the change commits on.

@@ -90,6 +90,11 @@ impl LiveSession {
         }
     }
 
+    /// Whether a client holds a WebSocket to it now (through the proxy).
+    pub fn has_open_sockets(&self) -> bool {
+        self.open_sockets.load(Ordering::Relaxed) > 0
+    }
+
     /// Counts an open WebSocket for as long as the guard lives.
     pub fn socket_opened(self: &Arc<Self>) -> SocketGuard {
         self.open_sockets.fetch_add(1, Ordering::Relaxed);

@@ -19,6 +19,8 @@ pub struct MemberRow {
     pub reserved_until_ms: i64,
     pub idle_since_ms: i64,
     pub replaced_by: Option<SessionId>,
+    /// It keeps its visits and takes no new ones (an app session from before pools).
+    pub drain_only: bool,
     pub created_at_ms: i64,
     /// Its session's status (`None`: the record is gone).
     pub status: Option<SessionStatus>,
@@ -64,6 +66,7 @@ fn member(r: &sqlx::any::AnyRow) -> Result<MemberRow, sqlx::Error> {
         replaced_by: replaced
             .map(|s| s.parse().map_err(|e| super::decode_err("replaced_by", e)))
             .transpose()?,
+        drain_only: r.try_get::<i64, _>("drain_only")? != 0,
         created_at_ms: r.try_get("created_at_ms")?,
         status: status.as_deref().and_then(SessionStatus::parse),
     })
@@ -105,7 +108,7 @@ impl HubStore {
             .await?;
         let members = sqlx::query(
             "SELECT m.sandbox_id, m.notebook_id, m.revision, m.reserved_until_ms, m.idle_since_ms, \
-             m.replaced_by, m.created_at_ms, s.status FROM hub_app_members m \
+             m.replaced_by, m.drain_only, m.created_at_ms, s.status FROM hub_app_members m \
              LEFT JOIN hub_sessions s ON s.session_id = m.sandbox_id \
              WHERE m.notebook_id = $1 ORDER BY m.created_at_ms, m.sandbox_id",
         )
@@ -170,7 +173,8 @@ impl HubStore {
     pub async fn insert_member(tx: &mut WriteTx, m: &MemberRow) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO hub_app_members (sandbox_id, notebook_id, revision, reserved_until_ms, \
-             idle_since_ms, replaced_by, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             idle_since_ms, replaced_by, drain_only, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(m.sandbox_id.as_str())
         .bind(m.notebook_id.as_str())
@@ -178,6 +182,7 @@ impl HubStore {
         .bind(m.reserved_until_ms)
         .bind(m.idle_since_ms)
         .bind(m.replaced_by.as_ref().map(SessionId::as_str))
+        .bind(i64::from(m.drain_only))
         .bind(m.created_at_ms)
         .execute(tx.conn())
         .await?;

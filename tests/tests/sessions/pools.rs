@@ -341,7 +341,7 @@ async fn an_unused_sandbox_retires(b: Backend) -> anyhow::Result<()> {
     let mut env = session_env(b).await?;
     env.set("UNICAS_HUB_SESSION_APP_IDLE_TIMEOUT_SECONDS", 1)
         .set("UNICAS_HUB_APP_GRACE_MS", 300);
-    let (_, _server, a, pid, nid) = alice_notebook(&env).await?;
+    let (alice, server, a, pid, nid) = alice_notebook(&env).await?;
     let sb = admitted(&a, &pid, &nid, "tab-a").await?;
     wait_status(&a, &pid, &nid, &sb, "running", Duration::from_secs(120)).await?;
     // Held, it stays past the idle timeout.
@@ -354,11 +354,21 @@ async fn an_unused_sandbox_retires(b: Backend) -> anyhow::Result<()> {
         );
     }
     assert_eq!(pool(&a, &pid, &nid).await?["members"][0]["state"], "ready");
+    // A page still connected to the kernel keeps it after its slot is released.
+    let bearer = format!("Bearer {alice}");
+    let page = Editor::open(&server.url, &sb, &[("authorization", &bearer)]).await?;
     data(
         &a.post(&visit_path(&pid, &nid, "tab-a", "departure"), &json!({}))
             .await?,
         200,
     );
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let s = data(&a.get(&session_path(&pid, &nid, &sb)).await?, 200);
+    assert_eq!(
+        s["status"], "running",
+        "retired under an open connection: {s}"
+    );
+    drop(page);
     wait_status(&a, &pid, &nid, &sb, "expired", Duration::from_secs(30)).await?;
     assert_eq!(
         pool(&a, &pid, &nid).await?["members"],
