@@ -16,14 +16,20 @@ async fn bootstrap_sessions_and_plane_separation(b: Backend) -> anyhow::Result<(
     env.set("UNICAS_ADMIN_SESSION_IDLE_MS", 1500);
     let app = env.create_app("hub")?;
     let server = env.start()?;
-    // The first start printed a login link as its last line.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let printed = server.stdout_lines();
-    let first = printed.last().expect("a line").clone();
-    assert!(
-        first.starts_with(&format!("{}/admin/login/link/", server.url)),
-        "{printed:?}"
-    );
+    // The first start printed a login link as its last line (it may come just after the server
+    // answers: wait for it, briefly).
+    let prefix = format!("{}/admin/login/link/", server.url);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        let printed = server.stdout_lines();
+        match printed.last() {
+            Some(l) if l.starts_with(&prefix) => break l.clone(),
+            _ if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            _ => panic!("no login link as the last line: {printed:?}"),
+        }
+    };
     // Fetching the link (as a link previewer does) does not use it.
     for _ in 0..2 {
         assert_eq!(http().get(&first).send().await?.status(), 200);
