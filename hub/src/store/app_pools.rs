@@ -266,16 +266,6 @@ impl HubStore {
         Ok(n > 0)
     }
 
-    /// Notebooks that have a pool.
-    pub async fn pooled_notebooks(&self) -> Result<Vec<NotebookId>, sqlx::Error> {
-        sqlx::query("SELECT notebook_id FROM hub_app_pools ORDER BY notebook_id")
-            .fetch_all(self.pool())
-            .await?
-            .iter()
-            .map(|r| parsed(r, "notebook_id"))
-            .collect()
-    }
-
     /// Visit slots held now, over every pool (the `app_pool_visits` gauge).
     pub async fn visits_held(&self, now: i64) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(
