@@ -157,8 +157,20 @@ async fn visits_leave_lapse_and_come_back(b: Backend) -> anyhow::Result<()> {
         .set("UNICAS_HUB_APP_MAX_SESSIONS_PER_VERSION", 1)
         .set("UNICAS_HUB_APP_VISIT_LEASE_MS", 4000)
         .set("UNICAS_HUB_APP_GRACE_MS", 1500);
-    let (_, _server, a, pid, nid) = alice_notebook(&env).await?;
+    let bob = env.user("bob")?;
+    let (_, server, a, pid, nid) = alice_notebook(&env).await?;
+    add_member(&a, &pid, "bob", "viewer").await?;
     let s1 = admitted(&a, &pid, &nid, "tab-a").await?;
+    // A visit id is printable ASCII without spaces; another account's visit is not one's own.
+    let (s, v, _) = admit(&a, &pid, &nid, "has space").await?;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let b = server.client(Some(&bob));
+    for what in ["heartbeat", "departure"] {
+        let (s, v) = b
+            .post(&visit_path(&pid, &nid, "tab-a", what), &json!({}))
+            .await?;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{what}: {v}");
+    }
     let (s, _, _) = admit(&a, &pid, &nid, "tab-b").await?;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
     // Within the grace, the same visit gets its slot back.
