@@ -144,34 +144,9 @@ pub struct Config {
 
 pub use server_kit::listen::MetricsListen;
 
-/// An OpenID Connect provider (Google, Microsoft, Keycloak, Dex, …), found by discovery from
-/// its issuer URL. Its redirect URI is `<public_url>/admin/oidc/callback`.
-#[derive(Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct OidcProvider {
-    /// Short name used in URLs: `/admin/login/<name>`.
-    pub name: String,
-    /// Shown on the sign-in page.
-    #[serde(default)]
-    pub display_name: Option<String>,
-    pub issuer: String,
-    pub client_id: String,
-    #[serde(default)]
-    pub client_secret: Option<String>,
-    /// Default `openid email profile`.
-    #[serde(default)]
-    pub scopes: Option<String>,
-}
-
-impl std::fmt::Debug for OidcProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OidcProvider")
-            .field("name", &self.name)
-            .field("issuer", &self.issuer)
-            .field("client_id", &self.client_id)
-            .finish_non_exhaustive()
-    }
-}
+/// An OpenID Connect provider; its redirect URI is `<public_url>/admin/oidc/callback`, its
+/// sign-in starts at `/admin/login/<name>`.
+pub use server_kit::oidc::OidcProvider;
 
 impl Default for Config {
     fn default() -> Self {

@@ -66,7 +66,7 @@ pub struct ServiceState {
     pub in_memory: tokio::sync::Semaphore,
     /// Outbound HTTP (OpenID Connect providers).
     pub http: reqwest::Client,
-    pub oidc: admin::OidcCache,
+    pub oidc: server_kit::oidc::OidcClient,
     /// Root-ref updates waiting to be applied, by partition.
     pub root_ref_queues: root_refs::RootRefQueues,
     /// Ready nodes' leases as last seen, for renewals that need no store read.
@@ -152,8 +152,8 @@ impl Service {
             signer,
             metrics,
             app_limiter,
-            http,
-            oidc: admin::OidcCache::default(),
+            http: http.clone(),
+            oidc: server_kit::oidc::OidcClient::new(http.clone()),
             root_ref_queues: root_refs::RootRefQueues::default(),
             leases: lease_memo::LeaseMemo::default(),
             bases,

@@ -4,10 +4,11 @@
 //! request acts as the local user. Otherwise a request carries a personal access token,
 //! `uhub_pat_<id>_<secret>`, of which only a SHA-256 is stored. Roles follow seed 000 §12:
 //! super admins and the project owner are `admin`, members have their role, everyone else the
-//! deployment default; reads of what a caller may not see answer 404, writes a caller may see but
+//! deployment default; a browser signed in to the web UI is its session's user (see
+//! [`crate::web::session`]); reads of what a caller may not see answer 404, writes a caller may see but
 //! not make answer 403.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -136,7 +137,7 @@ fn other_day(a_ms: i64, b_ms: i64) -> bool {
 
 impl Hub {
     /// The calling user, or 401.
-    pub async fn authenticate(&self, headers: &HeaderMap) -> HubResult<User> {
+    pub async fn authenticate(&self, method: &Method, headers: &HeaderMap) -> HubResult<User> {
         if self.config.auth == AuthMode::None {
             return self
                 .user(&self.config.local_user)
@@ -144,8 +145,12 @@ impl Hub {
                 .ok_or_else(|| HubError::unauthorized("the local user is missing"));
         }
         let Some(token) = bearer(headers) else {
+            // A signed-in browser (the web UI) instead of a token.
+            if let Some((user, _)) = self.web_caller(method, headers).await? {
+                return Ok(user);
+            }
             return Err(HubError::unauthorized(
-                "a personal access token is required (Authorization: Bearer uhub_pat_…)",
+                "a personal access token is required (Authorization: Bearer uhub_pat_…), or a signed-in browser",
             ));
         };
         let bad = || HubError::unauthorized("the access token is invalid, expired or revoked");
@@ -246,10 +251,14 @@ impl Hub {
     }
 
     pub async fn set_suspended(&self, id: &str, suspended: bool) -> HubResult<bool> {
-        Ok(self
+        let found = self
             .store
             .set_suspended(id, suspended.then(ids::now_ms))
-            .await?)
+            .await?;
+        if found && suspended {
+            self.store.delete_web_sessions_of(id).await?;
+        }
+        Ok(found)
     }
 
     /// Whether the hub has any user yet.

@@ -61,7 +61,10 @@ enum UserCommand {
         #[arg(long)]
         super_admin: bool,
     },
-    /// Refuse the user's tokens.
+    /// Print a one-time link that signs the user in to the web UI (valid for
+    /// UNICAS_HUB_LOGIN_LINK_TTL, default 15 minutes).
+    LoginLink { id: String },
+    /// Refuse the user's tokens and end their browser sessions.
     Suspend { id: String },
     /// Lift a suspension.
     Resume { id: String },
@@ -233,6 +236,9 @@ async fn user(hub: &Hub, cmd: UserCommand) -> anyhow::Result<()> {
                 anyhow::bail!("user {id} already exists");
             }
         }
+        UserCommand::LoginLink { id } => {
+            say(hub.login_link(&id).await.map_err(err)?);
+        }
         UserCommand::Suspend { id } => {
             if !hub.set_suspended(&id, true).await.map_err(err)? {
                 anyhow::bail!("no user {id}");
@@ -264,7 +270,7 @@ async fn wait_for_signal() {
     }
 }
 
-async fn serve(config: HubConfig) -> anyhow::Result<()> {
+async fn serve(mut config: HubConfig) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
@@ -277,6 +283,21 @@ async fn serve(config: HubConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {hub_addr}"))?;
     let hub_bound = hub_listener.local_addr()?;
+    // Links this process prints or redirects to name the port it really listens on.
+    config.listen = hub_bound.to_string();
+    let session_listener = match config.session_addr()? {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (sessions)"))?;
+            let bound = l.local_addr()?;
+            config
+                .session_url
+                .get_or_insert_with(|| format!("http://{bound}"));
+            Some((l, bound))
+        }
+        None => None,
+    };
 
     // The CAS: a separate service, or embedded with its own listener and public URL.
     let (cas_url, cas_task, lines) = match &config.cas_url {
@@ -293,11 +314,28 @@ async fn serve(config: HubConfig) -> anyhow::Result<()> {
     {
         say(format_args!("admin token: {token}"));
     }
+    if config.auth == AuthMode::Token
+        && let Ok(link) = hub.login_link(FIRST_ADMIN).await
+    {
+        say(format_args!(
+            "sign in to the web UI (once, within {} minutes): {link}",
+            config.web.login_link_ttl_ms / 60_000
+        ));
+    }
     say(format_args!("hub listening on http://{hub_bound}"));
+    if let Some((_, bound)) = &session_listener {
+        say(format_args!("sessions listening on http://{bound}"));
+    }
     for l in lines {
         say(l);
     }
-    let result = run_hub(hub, hub_listener, shutdown.clone()).await;
+    let result = run_hub(
+        hub,
+        hub_listener,
+        session_listener.map(|(l, _)| l),
+        shutdown.clone(),
+    )
+    .await;
     shutdown.cancel();
     if let Some(t) = cas_task {
         match t.await {
@@ -331,14 +369,19 @@ async fn embedded_cas(
 /// The task of an embedded CAS service.
 type CasTask = tokio::task::JoinHandle<anyhow::Result<()>>;
 
+/// The super admin a hub makes on its first start.
+const FIRST_ADMIN: &str = "admin";
+
 /// On a hub without users, an administrator and a token for it; `None`
 /// when users exist already.
 async fn first_admin_token(hub: &Hub) -> crate::error::HubResult<Option<String>> {
     if hub.has_users().await? {
         return Ok(None);
     }
-    hub.create_user("admin", "Administrator", None, true)
+    hub.create_user(FIRST_ADMIN, "Administrator", None, true)
         .await?;
-    let (token, _) = hub.create_token("admin", "first start", None, None).await?;
+    let (token, _) = hub
+        .create_token(FIRST_ADMIN, "first start", None, None)
+        .await?;
     Ok(Some(token))
 }

@@ -96,11 +96,22 @@ pub struct HubConfig {
     /// `UNICAS_HUB_PUBLIC_URL`: the origin browsers reach the hub at, when a proxy in front
     /// rewrites `Host` (accepted as the hub's own origin for changes).
     pub public_url: Option<String>,
+    /// `UNICAS_HUB_SESSION_LISTEN`: where sessions are served to browsers, on an origin of
+    /// their own (empty, the default: under `/s/` of the hub's own origin). Notebook output is
+    /// script its author wrote; on its own origin it cannot act as the hub user viewing it.
+    pub session_listen: String,
+    /// `UNICAS_HUB_SESSION_URL`: the origin browsers reach that listener at (default
+    /// `http://<its address>`); best a host of the hub's own site (`sessions.hub.example`),
+    /// so the editor works inside the web UI's frame.
+    pub session_url: Option<String>,
     /// Sessions: `UNICAS_HUB_SESSION_*`, `UNICAS_HUB_MARIMO*`, `UNICAS_HUB_EDITOR_MODE`.
     pub sessions: crate::sessions::config::SessionConfig,
     /// What the maintenance pass keeps and for how long: `UNICAS_HUB_*_RETENTION`,
     /// `UNICAS_HUB_MAINTENANCE_INTERVAL`.
     pub retention: crate::maintenance::RetentionConfig,
+    /// Browser sign-in: `UNICAS_HUB_OIDC_PROVIDERS`, `UNICAS_HUB_WEB_SESSION_*`,
+    /// `UNICAS_HUB_LOGIN_LINK_TTL`.
+    pub web: crate::web::WebConfig,
 }
 
 pub(crate) fn env(name: &str) -> Option<String> {
@@ -152,8 +163,11 @@ impl HubConfig {
             allowed_hosts: String::new(),
             metrics_listen: String::new(),
             public_url: None,
+            session_listen: String::new(),
+            session_url: None,
             sessions: crate::sessions::config::SessionConfig::default(),
             retention: crate::maintenance::RetentionConfig::default(),
+            web: crate::web::WebConfig::default(),
         }
     }
 
@@ -168,8 +182,11 @@ impl HubConfig {
         c.signing_key = env("UNICAS_HUB_SIGNING_KEY").map(PathBuf::from);
         parse("UNICAS_AUDIENCE", &mut c.audience)?;
         c.public_url = env("UNICAS_HUB_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
+        c.session_url = env("UNICAS_HUB_SESSION_URL").map(|u| u.trim_end_matches('/').to_string());
+        parse("UNICAS_HUB_SESSION_LISTEN", &mut c.session_listen)?;
         c.sessions = crate::sessions::config::SessionConfig::from_env()?;
         c.retention = crate::maintenance::RetentionConfig::from_env()?;
+        c.web = crate::web::WebConfig::from_env()?;
         parse("UNICAS_HUB_LISTEN", &mut c.listen)?;
         parse("UNICAS_HUB_USER", &mut c.local_user)?;
         parse("UNICAS_HUB_APP", &mut c.app)?;
@@ -264,6 +281,28 @@ impl HubConfig {
         {
             bail!("UNICAS_HUB_PUBLIC_URL must start with http:// or https://");
         }
+        if let Some(u) = &self.session_url
+            && (!(u.starts_with("http://") || u.starts_with("https://"))
+                || self.session_listen.is_empty())
+        {
+            bail!(
+                "UNICAS_HUB_SESSION_URL must start with http:// or https://, and needs UNICAS_HUB_SESSION_LISTEN"
+            );
+        }
+        for (name, url) in [
+            ("UNICAS_HUB_PUBLIC_URL", &self.public_url),
+            ("UNICAS_HUB_SESSION_URL", &self.session_url),
+        ] {
+            if let Some(u) = url
+                && !u.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'.' | b':' | b'/' | b'-' | b'[' | b']')
+                })
+            {
+                bail!("{name} must be an origin such as https://hub.example, not {u:?}");
+            }
+        }
+        self.session_addr()?;
         self.host_allow_list()?;
         self.metrics_addr()?;
         self.sessions.validate()?;
@@ -279,6 +318,25 @@ impl HubConfig {
     /// Where `/metrics` is served.
     pub fn metrics_addr(&self) -> anyhow::Result<server_kit::listen::MetricsListen> {
         server_kit::listen::MetricsListen::parse("UNICAS_HUB_METRICS_LISTEN", &self.metrics_listen)
+    }
+
+    /// The listener of sessions on their own origin, if configured.
+    pub fn session_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        if self.session_listen.is_empty() {
+            return Ok(None);
+        }
+        self.session_listen.parse().map(Some).with_context(|| {
+            format!(
+                "UNICAS_HUB_SESSION_LISTEN {:?} is not host:port",
+                self.session_listen
+            )
+        })
+    }
+
+    /// The origin sessions are opened at: their own, else the hub's public URL (`None`: the
+    /// origin the request came to).
+    pub fn session_base(&self) -> Option<&str> {
+        self.session_url.as_deref().or(self.public_url.as_deref())
     }
 
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {

@@ -39,6 +39,7 @@ pub mod sync;
 pub mod transfer;
 pub mod trash;
 pub mod versions;
+pub mod web;
 pub mod workspace;
 
 use std::ops::Deref;
@@ -82,6 +83,8 @@ pub struct HubState {
     pub sessions: sessions::Sessions,
     pub(crate) proxy: proxy::ProxyState,
     pub metrics: metrics::HubMetrics,
+    /// OpenID Connect providers' metadata and keys, for browser sign-in.
+    pub(crate) oidc: server_kit::oidc::OidcClient,
 }
 
 /// A cheap handle to the hub.
@@ -157,6 +160,7 @@ impl Hub {
             sessions,
             proxy: proxy::ProxyState::new(&proxy_secret),
             metrics: metrics::HubMetrics::default(),
+            oidc: server_kit::oidc::OidcClient::standalone(),
         })))
     }
 
@@ -261,6 +265,7 @@ impl Hub {
 pub async fn run_hub(
     hub: Hub,
     listener: tokio::net::TcpListener,
+    session_listener: Option<tokio::net::TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     hub.sessions.listening_on(listener.local_addr()?);
@@ -296,6 +301,14 @@ pub async fn run_hub(
         }
         _ => None,
     };
+    let session_origin = session_listener.map(|l| {
+        let (app, stop) = (api::session_router(hub.clone()), shutdown.clone());
+        tokio::spawn(async move {
+            axum::serve(server_kit::runtime::nodelay(l), app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        })
+    });
     let app = api::router(hub.clone());
     let stop = shutdown.clone();
     let result = axum::serve(server_kit::runtime::nodelay(listener), app)
@@ -303,6 +316,9 @@ pub async fn run_hub(
         .await;
     shutdown.cancel();
     if let Some(t) = metrics {
+        let _ = t.await;
+    }
+    if let Some(t) = session_origin {
         let _ = t.await;
     }
     if let Some(t) = recovery {

@@ -17,8 +17,8 @@ use crate::ids;
 /// Rows one pass deletes at most per kind (the next pass goes on).
 const DELETE_BATCH: i64 = 10_000;
 
-const HOUR_MS: u64 = 3_600_000;
-const DAY_MS: u64 = 24 * HOUR_MS;
+pub const HOUR_MS: u64 = 3_600_000;
+pub const DAY_MS: u64 = 24 * HOUR_MS;
 
 /// How long things are kept (`0`: for ever) and how often the pass runs (`0`: never).
 #[derive(Debug, Clone)]

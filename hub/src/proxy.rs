@@ -85,7 +85,7 @@ impl ProxyState {
 impl Hub {
     /// A URL that opens session `row` in a browser for `user`.
     pub fn open_url(&self, row: &SessionRow, user: &str) -> String {
-        let base = self.config.public_url.as_deref().unwrap_or("");
+        let base = self.config.session_base().unwrap_or("");
         let path = proxy_path(&row.session_id);
         if self.config.auth == AuthMode::None {
             return format!("{base}{path}");
@@ -125,7 +125,12 @@ impl Hub {
     }
 
     /// The caller of a proxied request: a session cookie, else a hub token.
-    async fn proxy_caller(&self, headers: &HeaderMap, sid: &SessionId) -> HubResult<User> {
+    async fn proxy_caller(
+        &self,
+        method: &axum::http::Method,
+        headers: &HeaderMap,
+        sid: &SessionId,
+    ) -> HubResult<User> {
         if self.config.auth == AuthMode::Token {
             let from_cookie = headers
                 .get_all(header::COOKIE)
@@ -141,8 +146,23 @@ impl Hub {
                     .ok_or_else(|| HubError::unauthorized("this user is suspended or gone"));
             }
         }
-        self.authenticate(headers).await
+        self.authenticate(method, headers).await
     }
+}
+
+/// `/s/…` on the hub's own listener when sessions have an origin of their own: only what
+/// another hub process forwards (a browser's navigation cannot carry the header, and a page's
+/// script cannot send it cross-origin without a preflight the hub never grants), so no
+/// notebook is ever rendered on the hub's origin.
+pub async fn forwarded_only(State(hub): State<Hub>, req: Request) -> Response {
+    if req.headers().contains_key(FORWARDED) {
+        return proxy(State(hub), req).await;
+    }
+    HubError::not_found(format!(
+        "sessions are served at {}",
+        hub.config.session_base().unwrap_or("their own origin")
+    ))
+    .into_response()
 }
 
 /// `/s/{sid}/…`: the session's marimo, for those who may use it.
@@ -170,7 +190,7 @@ async fn proxy_request(hub: &Hub, req: Request) -> HubResult<Response> {
     if let Some(t) = ticket_of(query.as_deref()) {
         return exchange_ticket(hub, &sid, &t, &path, query.as_deref());
     }
-    let user = hub.proxy_caller(req.headers(), &sid).await?;
+    let user = hub.proxy_caller(req.method(), req.headers(), &sid).await?;
     let row = hub.store.session(&sid).await?.ok_or_else(not_found)?;
     if !hub.may_use_session(&user, &row).await? {
         return Err(not_found());
@@ -224,8 +244,7 @@ fn exchange_ticket(
         .sign("cookie", sid, &user, ids::now_ms() + COOKIE_TTL_MS);
     let secure = hub
         .config
-        .public_url
-        .as_deref()
+        .session_base()
         .is_some_and(|u| u.starts_with("https://"));
     let set = format!(
         "{COOKIE}={cookie}; Path={}; Max-Age={}; HttpOnly; SameSite=Lax{}",

@@ -295,29 +295,51 @@ pub async fn sign_in(
     tamper: impl FnOnce(String) -> String,
     same_browser: bool,
 ) -> anyhow::Result<reqwest::Response> {
+    sign_in_at(
+        &format!("{base}/admin/login/{provider}"),
+        "unicas_oidc",
+        tamper,
+        same_browser,
+    )
+    .await
+}
+
+/// A sign-in that starts at `start_url`, whose binding cookie is `cookie_name` (every other
+/// cookie the start sets is carried back too), as [`sign_in`] describes.
+pub async fn sign_in_at(
+    start_url: &str,
+    cookie_name: &str,
+    tamper: impl FnOnce(String) -> String,
+    same_browser: bool,
+) -> anyhow::Result<reqwest::Response> {
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
-    let start = http
-        .get(format!("{base}/admin/login/{provider}"))
-        .send()
-        .await?;
+    let start = http.get(start_url).send().await?;
     if !start.status().is_redirection() {
         return Ok(start);
     }
-    let set = start
+    let all: Vec<String> = start
         .headers()
         .get_all("set-cookie")
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .find(|c| c.starts_with("unicas_oidc="))
         .map(str::to_string)
+        .collect();
+    let set = all
+        .iter()
+        .find(|c| c.starts_with(&format!("{cookie_name}=")))
         .context("the start sets the sign-in cookie")?;
     anyhow::ensure!(
         set.contains("HttpOnly"),
         "the sign-in cookie is not HttpOnly: {set}"
     );
-    let cookie = set.split(';').next().unwrap_or_default().to_string();
+    let cookie = all
+        .iter()
+        .map(|c| c.split(';').next().unwrap_or_default())
+        .filter(|c| same_browser || !c.starts_with(&format!("{cookie_name}=")))
+        .collect::<Vec<_>>()
+        .join("; ");
     let authorize = start.headers()["location"].to_str()?.to_string();
     anyhow::ensure!(
         authorize.contains("code_challenge="),
@@ -331,7 +353,7 @@ pub async fn sign_in(
     );
     let callback = tamper(approved.headers()["location"].to_str()?.to_string());
     let mut req = http.get(callback);
-    if same_browser {
+    if !cookie.is_empty() {
         req = req.header("cookie", cookie);
     }
     Ok(req.send().await?)

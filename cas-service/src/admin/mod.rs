@@ -26,7 +26,6 @@ mod root_refs;
 pub mod session;
 mod ui;
 
-pub use oidc::OidcCache;
 pub use session::{Admin, login_link};
 
 fn app_json(app: &AppRecord, usage: &cas_format::wire::Usage) -> Value {

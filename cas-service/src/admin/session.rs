@@ -9,10 +9,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cas_format::AppId;
-use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Account, AppRecord, LOCAL_OPERATOR};
@@ -23,38 +20,11 @@ pub const COOKIE: &str = "unicas_admin";
 /// Header carrying the CSRF token on state-changing requests.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
-/// A random secret, URL-safe.
-pub fn random_token() -> String {
-    URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
-}
-
-pub fn token_hash(token: &str) -> Vec<u8> {
-    Sha256::digest(token.as_bytes()).to_vec()
-}
-
-/// The value of the cookie `name`, if the request carries it.
-pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.to_string())
-}
+use server_kit::web_auth::same;
+pub use server_kit::web_auth::{cookie, random_token, token_hash};
 
 fn cookie_value(headers: &HeaderMap) -> Option<String> {
     cookie(headers, COOKIE)
-}
-
-/// Compares two strings in time independent of where they differ.
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
 }
 
 /// A signed-in, admitted administrator.
@@ -250,45 +220,17 @@ pub async fn login_link(svc: &Service) -> anyhow::Result<String> {
 /// `GET` of a login link: a page with a button that signs in. Only the `POST` it sends uses
 /// the link, so a link previewer or scanner that fetches the URL cannot burn it.
 pub fn login_link_page(token: &str) -> ApiResult<Response> {
-    if token.is_empty()
-        || token.len() > 128
-        || !token
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
+    if !server_kit::web_auth::token_shaped(token) {
         return Err(ApiError::unauthorized(
             "LOGIN_LINK_INVALID",
             "this login link is unknown, used or expired",
         ));
     }
-    let page = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>Sign in to UniCAS admin</title>\
-         <style>body{{font:16px system-ui,sans-serif;max-width:28rem;margin:4rem auto;padding:0 1rem}}\
-         button{{font:inherit;padding:.6rem 1.2rem;border-radius:6px;border:1px solid #245;background:#2a5d9f;color:#fff;cursor:pointer}}</style>\
-         </head><body><h1>UniCAS admin</h1>\
-         <p>This one-time link signs you in as the local operator. It stops working once used.</p>\
-         <form method=\"post\" action=\"/admin/login/link/{token}\">\
-         <button type=\"submit\" id=\"sign-in\">Sign in</button></form></body></html>"
-    );
-    let mut response = axum::response::Html(page).into_response();
-    let h = response.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    // `same-origin`, not `no-referrer`: the link never leaves in a referrer to another site,
-    // and the form's POST keeps its real `Origin` (under `no-referrer` browsers send
-    // `Origin: null`, which the cross-origin guard refuses).
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
-        ),
-    );
-    Ok(response)
+    Ok(server_kit::web_auth::login_link_page(
+        "UniCAS admin",
+        "This one-time link signs you in as the local operator. It stops working once used.",
+        &format!("/admin/login/link/{token}"),
+    ))
 }
 
 /// Signs in with a login link (once): the `POST` of its page.

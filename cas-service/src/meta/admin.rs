@@ -48,12 +48,7 @@ pub struct SessionRecord {
 }
 
 /// A pending OIDC login.
-#[derive(Debug, Clone)]
-pub struct OidcLogin {
-    pub provider: String,
-    pub nonce: String,
-    pub pkce_verifier: String,
-}
+pub use server_kit::oidc::PendingLogin as OidcLogin;
 
 /// One entry of the admin audit log.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -22,7 +22,9 @@ pub struct Caller(pub User);
 impl FromRequestParts<Hub> for Caller {
     type Rejection = HubError;
     async fn from_request_parts(parts: &mut Parts, hub: &Hub) -> Result<Self, HubError> {
-        hub.authenticate(&parts.headers).await.map(Caller)
+        hub.authenticate(&parts.method, &parts.headers)
+            .await
+            .map(Caller)
     }
 }
 

@@ -170,13 +170,22 @@ pub fn router(hub: Hub) -> Router {
         .route("/api/v1/doc", get(openapi))
         .route("/api/v1/openapi.json", get(openapi))
         .with_state(doc);
-    // Sessions are served under `/s/{sid}/`, not under the API, and stream both ways.
+    // Sessions are served under `/s/{sid}/`, not under the API, and stream both ways; with an
+    // origin of their own, here only to other hub processes.
     let session_proxy = Router::new()
-        .route("/s/{*rest}", axum::routing::any(crate::proxy::proxy))
+        .route(
+            "/s/{*rest}",
+            if hub.config.session_listen.is_empty() {
+                axum::routing::any(crate::proxy::proxy)
+            } else {
+                axum::routing::any(crate::proxy::forwarded_only)
+            },
+        )
         .layer(DefaultBodyLimit::disable());
     let mut app = json_routes
         .merge(stream_routes)
         .merge(session_proxy)
+        .merge(crate::web::router())
         .fallback(|| async { HubError::not_found("no such route") })
         .with_state(hub.clone())
         .merge(docs);
@@ -192,6 +201,22 @@ pub fn router(hub: Hub) -> Router {
     ))
     .layer(axum::middleware::from_fn_with_state(hub, guard_browser))
     .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// Sessions on an origin of their own (`UNICAS_HUB_SESSION_LISTEN`): `/s/{sid}/…` and nothing
+/// else, with the same host and cross-origin checks, the session origin being its own.
+pub fn session_router(hub: Hub) -> Router {
+    Router::new()
+        .route("/s/{*rest}", axum::routing::any(crate::proxy::proxy))
+        .fallback(|| async { HubError::not_found("only sessions are served here") })
+        .layer(DefaultBodyLimit::disable())
+        .with_state(hub.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            hub.clone(),
+            count_requests,
+        ))
+        .layer(axum::middleware::from_fn_with_state(hub, guard_sessions))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
 }
 
 /// `/metrics` alone (see [`crate::metrics`]), for the main listener or one of its own.
@@ -221,12 +246,27 @@ async fn guard_browser(
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match server_kit::web_guard::check(
-        &hub.allowed_hosts,
-        hub.config.public_url.as_deref(),
-        req.method(),
-        req.headers(),
-    ) {
+    let origin = hub.config.public_url.clone();
+    guard(&hub, origin.as_deref(), req, next).await
+}
+
+/// [`guard_browser`] for the sessions' own listener.
+async fn guard_sessions(
+    State(hub): State<Hub>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let origin = hub.config.session_url.clone();
+    guard(&hub, origin.as_deref(), req, next).await
+}
+
+async fn guard(
+    hub: &Hub,
+    origin: Option<&str>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match server_kit::web_guard::check(&hub.allowed_hosts, origin, req.method(), req.headers()) {
         Ok(()) => next.run(req).await,
         Err(refusal) => {
             let (code, message) = refusal.code_and_message();

@@ -48,7 +48,7 @@ impl Hub {
             Ok(true) => Some(self.open_url(row, &user.id)),
             _ => None,
         };
-        SessionView::of(row, self.config.public_url.as_deref(), open)
+        SessionView::of(row, self.config.session_base(), open)
     }
 
     /// A session of `nid` in `pid` that `user` may see (viewers see a project's sessions).

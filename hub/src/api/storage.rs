@@ -29,6 +29,46 @@ pub struct StorageView {
     pub pruned_versions: i64,
     /// `logicalBytes / readyStoredBytes`.
     pub dedup_ratio: f64,
+    /// How the logical bytes grew: after each kept version (oldest first; at most
+    /// [`SERIES_POINTS`] points, evenly spaced over the versions; the last is `logicalBytes`).
+    pub series: Vec<StoragePoint>,
+}
+
+/// The logical bytes of the kept versions saved up to a time.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoragePoint {
+    pub saved_at: String,
+    /// Versions counted so far.
+    pub versions: i64,
+    pub logical_bytes: i64,
+}
+
+/// Most points of a storage series.
+pub const SERIES_POINTS: usize = 200;
+/// Most recent kept versions a series is drawn over.
+const SERIES_VERSIONS: i64 = 100_000;
+
+/// The cumulative series of `sizes` (oldest first), ending at `total`, thinned to
+/// [`SERIES_POINTS`].
+fn series(sizes: &[(i64, i64)], total: i64) -> Vec<StoragePoint> {
+    let n = sizes.len();
+    let listed: i64 = sizes.iter().map(|(_, b)| *b).fold(0, i64::saturating_add);
+    // Versions older than the listed ones are counted in the start.
+    let mut sum = total.saturating_sub(listed).max(0);
+    let step = n.div_ceil(SERIES_POINTS).max(1);
+    let mut out = Vec::with_capacity(n.min(SERIES_POINTS) + 1);
+    for (i, (at, bytes)) in sizes.iter().enumerate() {
+        sum = sum.saturating_add(*bytes);
+        if (i + 1) % step == 0 || i + 1 == n {
+            out.push(StoragePoint {
+                saved_at: crate::ids::rfc3339(*at),
+                versions: i as i64 + 1,
+                logical_bytes: sum,
+            });
+        }
+    }
+    out
 }
 
 #[derive(Serialize, ToSchema)]
@@ -52,6 +92,7 @@ pub async fn storage(
     hub.project_for(&user, &pid, Role::Viewer).await?;
     let usage = hub.cas()?.usage(&pid.space()).await?;
     let sums = hub.store.version_sums(&pid).await?;
+    let sizes = hub.store.kept_version_sizes(&pid, SERIES_VERSIONS).await?;
     Ok(ok(StorageView {
         project_id: pid,
         node_count: usage.node_count,
@@ -65,6 +106,7 @@ pub async fn storage(
         } else {
             0.0
         },
+        series: series(&sizes, sums.logical_bytes),
     }))
 }
 
@@ -120,4 +162,29 @@ pub async fn upload(
         StatusCode::CREATED,
         hub.stage_upload(&user, &pid, body_reader(body)).await?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SERIES_POINTS, series};
+
+    #[test]
+    fn series_accumulate_and_thin_out() {
+        let sizes: Vec<(i64, i64)> = (0..1000).map(|i| (i * 1000, 10)).collect();
+        let s = series(&sizes, 10_000 + 500);
+        assert!(s.len() <= SERIES_POINTS);
+        let last = s.last().unwrap();
+        assert_eq!((last.versions, last.logical_bytes), (1000, 10_500));
+        assert!(
+            s.windows(2)
+                .all(|w| w[0].logical_bytes <= w[1].logical_bytes)
+        );
+        assert_eq!(s[0].logical_bytes, 500 + 10 * s[0].versions);
+        let few = series(&[(1, 7), (2, 3)], 10);
+        assert_eq!(
+            few.iter().map(|p| p.logical_bytes).collect::<Vec<_>>(),
+            [7, 10]
+        );
+        assert!(series(&[], 0).is_empty());
+    }
 }

@@ -63,6 +63,7 @@ pub mod sessions;
 pub mod stats;
 pub mod users;
 pub mod versions;
+pub mod web;
 
 pub use catalog::SnapshotRow;
 pub use events::{EventFilter, EventRow};

@@ -279,6 +279,30 @@ impl HubStore {
             pruned: row.try_get("pruned")?,
         })
     }
+
+    /// When each kept version of a project was saved and its logical bytes, oldest first; at
+    /// most `limit` (the most recent ones).
+    pub async fn kept_version_sizes(
+        &self,
+        project: &ProjectId,
+        limit: i64,
+    ) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT saved_at_ms, logical_bytes FROM hub_versions \
+             WHERE project_id = $1 AND state = 'kept' \
+             ORDER BY saved_at_ms DESC, notebook_id DESC, revision DESC LIMIT $2",
+        )
+        .bind(project.as_str())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        let mut out = rows
+            .iter()
+            .map(|r| Ok((r.try_get("saved_at_ms")?, r.try_get("logical_bytes")?)))
+            .collect::<Result<Vec<(i64, i64)>, sqlx::Error>>()?;
+        out.reverse();
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! the cookie it sets), shared editors; nobody else, and nothing of the caller's credentials
 //! reaches marimo.
 
+use std::time::Duration;
+
 use tests::hub::data;
 use tests::sessions::*;
 use tests::*;
@@ -100,4 +102,92 @@ async fn only_the_sessions_user_gets_through(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-hub_e2e!(only_the_sessions_user_gets_through);
+/// With `UNICAS_HUB_SESSION_LISTEN`, sessions are opened on an origin of their own: a
+/// notebook's output never runs on the hub's origin, where it could act as whoever views it
+/// with their browser session.
+async fn sessions_on_their_own_origin(b: Backend) -> anyhow::Result<()> {
+    let mut env = session_env(b).await?;
+    env.set("UNICAS_HUB_SESSION_LISTEN", "127.0.0.1:0");
+    let (alice, server, a, pid, nid) = alice_notebook(&env).await?;
+    let origin = eventually(
+        Duration::from_secs(10),
+        "the sessions' listener",
+        || async {
+            Ok(server
+                .stdout_lines()
+                .iter()
+                .find_map(|l| l.strip_prefix("sessions listening on ").map(str::to_string)))
+        },
+    )
+    .await?;
+    assert_ne!(origin, server.url);
+    let sid = started(&a, &pid, &nid, "app").await?;
+    let s = data(&a.get(&session_path(&pid, &nid, &sid)).await?, 200);
+    let open = s["open_url"].as_str().unwrap_or_default().to_string();
+    assert!(
+        open.starts_with(&format!("{origin}/s/{sid}/?ticket=")),
+        "{open}"
+    );
+    assert_eq!(s["sandbox_url"], format!("{origin}/s/{sid}/"));
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+
+    // The hub's own origin renders no session for a browser, whatever it carries.
+    let here = http
+        .get(format!("{}/s/{sid}/", server.url))
+        .bearer_auth(&alice)
+        .send()
+        .await?;
+    assert_eq!(here.status(), 404);
+    assert!(here.text().await?.contains("sessions are served at"));
+    // The session's origin opens it with its link, and serves nothing else.
+    let r = http.get(&open).send().await?;
+    assert_eq!(r.status(), 303);
+    let pair = r.headers()["set-cookie"]
+        .to_str()?
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let page = http
+        .get(format!("{origin}/s/{sid}/"))
+        .header("cookie", &pair)
+        .send()
+        .await?;
+    assert_eq!(page.status(), 200);
+    let api = http
+        .get(format!("{origin}/api/v1/projects"))
+        .bearer_auth(&alice)
+        .send()
+        .await?;
+    assert_eq!(
+        api.status(),
+        404,
+        "the hub API answered on the sessions' origin"
+    );
+    // A page on the sessions' origin cannot change anything through the hub API.
+    let forged = http
+        .post(format!("{}/api/v1/projects", server.url))
+        .bearer_auth(&alice)
+        .header("origin", &origin)
+        .json(&serde_json::json!({"name": "from a notebook"}))
+        .send()
+        .await?;
+    assert_eq!(forged.status(), 403);
+    // Another hub process still reaches the session through the hub's own listener.
+    let forwarded = http
+        .get(format!("{}/s/{sid}/", server.url))
+        .bearer_auth(&alice)
+        .header("x-unicas-hub-forwarded", "another-process")
+        .send()
+        .await?;
+    assert_eq!(forwarded.status(), 200);
+    data(&a.delete(&session_path(&pid, &nid, &sid)).await?, 200);
+    Ok(())
+}
+
+hub_e2e!(
+    only_the_sessions_user_gets_through,
+    sessions_on_their_own_origin
+);

@@ -1,0 +1,38 @@
+// The hub UI's shared state, at the bottom of its modules (this one imports nothing): the
+// browser session, the error every API call rejects with, and the sync token a notebook create
+// hands to that notebook's page. ApiError lives here rather than in api.js because dom.js
+// (below api.js) tells a 401 by it.
+
+/** The browser session: { user, csrf, authMode, providers }, from GET /auth/session. */
+export const session = { user: null, csrf: null, authMode: 'token', providers: [] };
+
+/** Changes fields of the session; it stays one object, which every module reads. */
+export function setSession(fields) {
+  Object.assign(session, fields);
+}
+
+export class ApiError extends Error {
+  constructor(status, code, message, details = {}, retryAfter = null) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details;
+    this.retryAfter = retryAfter;
+  }
+}
+
+/** A sync token answered by a notebook create, shown once on that notebook's page. */
+let freshSyncToken = null;
+
+/** Keeps `{ nid, token }` for that notebook's page. */
+export function setFreshSyncToken(value) {
+  freshSyncToken = value;
+}
+
+/** The kept `{ nid, token }` when it is notebook `nid`'s, once: taking it forgets it. */
+export function takeFreshSyncToken(nid) {
+  if (freshSyncToken?.nid !== nid) return null;
+  const fresh = freshSyncToken;
+  freshSyncToken = null;
+  return fresh;
+}

@@ -1,0 +1,215 @@
+//! The hub in a browser: the pages (plain HTML, CSS and JavaScript from `hub-ui/`, embedded
+//! in the binary, no build step) served at every address of the UI, and browser sign-in
+//! (`/auth/…`: one-time login links, OpenID Connect, the session the page reads its CSRF token
+//! from, sign-out). The pages speak only the public API under `/api/v1`, with the session
+//! cookie ([`session`]) in place of a token.
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use crate::Hub;
+use crate::auth::User;
+use crate::config::AuthMode;
+use crate::error::{HubError, HubResult, ok};
+
+pub mod oidc;
+pub mod session;
+
+pub use session::WebConfig;
+
+const INDEX: &str = include_str!("../../../hub-ui/index.html");
+
+/// The pages' scripts (ES modules) and style sheet, by name under `/ui/`.
+macro_rules! assets {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../../hub-ui/", $name)))),*]
+    };
+}
+const ASSETS: &[(&str, &str)] = assets!["app.css", "app.js"];
+
+/// What the pages may load: their own scripts and styles, frames of this origin or of the
+/// sessions' own (the marimo editor), nothing from elsewhere; they are never framed.
+fn page_policy(session_origin: Option<&str>) -> String {
+    format!(
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+         frame-src 'self'{}; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
+         form-action 'self'",
+        session_origin.map(|o| format!(" {o}")).unwrap_or_default()
+    )
+}
+
+/// The routes of the pages and of browser sign-in.
+pub fn router() -> Router<Hub> {
+    Router::new()
+        .route("/", get(page))
+        .route("/login", get(page))
+        .route("/tokens", get(page))
+        .route("/projects", get(page))
+        .route("/projects/{*rest}", get(page))
+        .route("/ui/{file}", get(asset_file))
+        .route("/auth/session", get(current_session))
+        .route("/auth/logout", post(logout))
+        .route("/auth/link/{secret}", get(link_page).post(use_link))
+        .route("/auth/oidc/callback", get(oidc_callback))
+        .route("/auth/oidc/{provider}", get(oidc_start))
+}
+
+fn asset(body: &'static str, content_type: &'static str, cache: &'static str) -> Response {
+    let mut r = body.into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+async fn page(State(hub): State<Hub>) -> HubResult<Response> {
+    let mut r = asset(INDEX, "text/html; charset=utf-8", "no-cache");
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_str(&page_policy(hub.config.session_base()))
+            .map_err(|e| HubError::internal("the page's policy", e))?,
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    Ok(r)
+}
+
+async fn asset_file(Path(file): Path<String>) -> HubResult<Response> {
+    let (_, body) = ASSETS
+        .iter()
+        .find(|(name, _)| *name == file)
+        .ok_or_else(|| HubError::not_found("no such file of the web UI"))?;
+    let kind = if file.ends_with(".css") {
+        "text/css; charset=utf-8"
+    } else {
+        "text/javascript; charset=utf-8"
+    };
+    Ok(asset(body, kind, "no-cache"))
+}
+
+#[derive(Serialize)]
+struct Provider {
+    name: String,
+    display_name: String,
+}
+
+/// What the page needs to know about its browser.
+#[derive(Serialize)]
+struct WebSession {
+    /// `null`: not signed in.
+    user: Option<User>,
+    /// Echoed in `X-CSRF-Token` on every change.
+    csrf_token: Option<String>,
+    auth_mode: &'static str,
+    providers: Vec<Provider>,
+}
+
+async fn current_session(State(hub): State<Hub>, headers: HeaderMap) -> HubResult<Response> {
+    let providers = hub
+        .config
+        .web
+        .oidc_providers
+        .iter()
+        .map(|p| Provider {
+            name: p.name.clone(),
+            display_name: p.display_name.clone().unwrap_or_else(|| p.name.clone()),
+        })
+        .collect();
+    let (user, csrf_token, auth_mode) = if hub.config.auth == AuthMode::None {
+        let user = hub.authenticate(&Method::GET, &headers).await?;
+        (Some(user), None, "none")
+    } else {
+        match hub.web_caller(&Method::GET, &headers).await? {
+            Some((user, csrf)) => (Some(user), Some(csrf), "token"),
+            None => (None, None, "token"),
+        }
+    };
+    let mut r = ok(WebSession {
+        user,
+        csrf_token,
+        auth_mode,
+        providers,
+    });
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(r)
+}
+
+async fn logout(State(hub): State<Hub>, headers: HeaderMap) -> HubResult<Response> {
+    // A sign-out is a change: it needs the session's CSRF token like any other.
+    hub.web_caller(&Method::POST, &headers).await?;
+    hub.end_web_session(&headers).await
+}
+
+async fn link_page(Path(secret): Path<String>) -> Response {
+    if !server_kit::web_auth::token_shaped(&secret) {
+        return link_failed();
+    }
+    server_kit::web_auth::login_link_page(
+        "UniCAS hub",
+        "This one-time link signs you in to the notebook hub. It stops working once used.",
+        &format!("/auth/link/{secret}"),
+    )
+}
+
+fn link_failed() -> Response {
+    let mut r = axum::response::Redirect::to("/login?error=link_invalid").into_response();
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    r
+}
+
+async fn use_link(State(hub): State<Hub>, Path(secret): Path<String>) -> HubResult<Response> {
+    Ok(hub
+        .use_login_link(&secret)
+        .await?
+        .unwrap_or_else(link_failed))
+}
+
+#[derive(Deserialize)]
+struct Next {
+    next: Option<String>,
+}
+
+async fn oidc_start(
+    State(hub): State<Hub>,
+    Path(provider): Path<String>,
+    Query(q): Query<Next>,
+) -> HubResult<Response> {
+    hub.oidc_start(&provider, q.next.as_deref()).await
+}
+
+#[derive(Deserialize)]
+struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+}
+
+async fn oidc_callback(
+    State(hub): State<Hub>,
+    headers: HeaderMap,
+    q: Result<Query<Callback>, axum::extract::rejection::QueryRejection>,
+) -> HubResult<Response> {
+    let Ok(Query(q)) = q else {
+        return Err(HubError::invalid("the callback's query is malformed"));
+    };
+    hub.oidc_callback(
+        q.code.as_deref(),
+        q.state.as_deref(),
+        q.error.as_deref(),
+        &headers,
+    )
+    .await
+}
