@@ -166,6 +166,7 @@ async function loadSession() {
     csrf: data?.csrf_token ?? null,
     authMode: data?.auth_mode ?? 'token',
     providers: Array.isArray(data?.providers) ? data.providers : [],
+    sessionOrigin: typeof data?.session_origin === 'string' ? data.session_origin : null,
   });
   renderAccount();
 }

@@ -233,8 +233,11 @@ export async function diffView(ctx) {
     else if (!b) candidates.push({ path, status: 'removed', a });
     else if (a.kind !== b.kind || a.size !== b.size || a.target !== b.target || Boolean(a.executable) !== Boolean(b.executable)) {
       candidates.push({ path, status: 'changed', a, b });
+    } else if (a.kind === 'file' && a.node && b.node) {
+      // A file's content node names its bytes: equal nodes, nothing to compare.
+      if (a.node !== b.node) candidates.push({ path, status: 'changed', a, b });
     } else if (a.kind === 'file') {
-      // Same size: only the contents tell (the listing carries no content hash).
+      // Same size and no content node (an older hub): only the contents tell.
       candidates.push({ path, status: 'maybe', a, b });
     }
   }

@@ -16,15 +16,20 @@ const VISIT_HEARTBEAT_MS = 30_000;
 const VISIT_KEY = 'unicas-hub.app-visit-id';
 
 /**
- * A session's address (`open_url`, else `sandbox_url`) on this page's origin: the hub answers
- * it absolute when it knows its public URL, which may name the hub otherwise than this browser
- * does; the page may only frame its own origin, and the session's cookie is set there.
+ * A session's address (`open_url`, else `sandbox_url`). When sessions have an origin of their
+ * own, as given on that origin. Otherwise on this page's origin: the hub answers it absolute
+ * when it knows its public URL, which may name the hub otherwise than this browser does; the
+ * page may only frame its own origin, and the session's cookie is set there.
  */
 function sessionAddress(url) {
   if (!url) return null;
   try {
     const u = new URL(url, window.location.origin);
-    return u.pathname.startsWith('/s/') ? u.pathname + u.search : null;
+    if (!u.pathname.startsWith('/s/')) return null;
+    if (session.sessionOrigin) {
+      return u.origin === new URL(session.sessionOrigin).origin ? u.href : null;
+    }
+    return u.pathname + u.search;
   } catch {
     return null;
   }

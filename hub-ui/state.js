@@ -3,8 +3,12 @@
 // hands to that notebook's page. ApiError lives here rather than in api.js because dom.js
 // (below api.js) tells a 401 by it.
 
-/** The browser session: { user, csrf, authMode, providers }, from GET /auth/session. */
-export const session = { user: null, csrf: null, authMode: 'token', providers: [] };
+/**
+ * The browser session: { user, csrf, authMode, providers, sessionOrigin }, from
+ * GET /auth/session. `sessionOrigin`: where notebook sessions are served when they have an
+ * origin of their own (else null: under /s/ of this origin).
+ */
+export const session = { user: null, csrf: null, authMode: 'token', providers: [], sessionOrigin: null };
 
 /** Changes fields of the session; it stays one object, which every module reads. */
 export function setSession(fields) {

@@ -8,6 +8,14 @@ import {
 import { api, projectApi } from './api.js';
 import { projectFrame } from './projects.js';
 
+/** How what the CAS stores compares with full copies, in words that fit either way. */
+function storedNote(logical, stored) {
+  if (!(stored > 0)) return '';
+  const r = logical / stored;
+  if (r >= 1) return ` (${formatRatio(r)} less than full copies)`;
+  return ' (more than full copies: with this little history, node and index overhead outweighs what is shared)';
+}
+
 export async function storageView(ctx) {
   const { pid } = ctx;
   const frame = projectFrame('storage', 'Storage');
@@ -99,7 +107,7 @@ function storageChart(st) {
   const descId = uid('chart-desc');
   const summary = `From ${dateTimeFormat.format(new Date(first.t))} to ${dateTimeFormat.format(new Date(last.t))}, `
     + `full copies of the kept revisions grew from ${formatBytes(first.bytes)} to ${formatBytes(last.bytes)}; `
-    + `the CAS stores ${formatBytes(stored)}${stored > 0 ? ` (${formatRatio(last.bytes / stored)} smaller)` : ''}.`;
+    + `the CAS stores ${formatBytes(stored)}${storedNote(last.bytes, stored)}.`;
 
   const axisFormat = axisTimeFormat(t1 - t0);
   let xLabels = points.length === 1

@@ -108,6 +108,9 @@ pub struct ListedEntry {
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+    /// A file's content node (its leaf, or the index of its chunks): equal nodes, equal bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub executable: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,15 +119,22 @@ pub struct ListedEntry {
 
 impl From<cas_client::WalkedEntry> for ListedEntry {
     fn from(w: cas_client::WalkedEntry) -> Self {
-        let (kind, size, executable, target) = match w.entry {
-            Entry::File { file, executable } => ("file", Some(file.size), executable, None),
-            Entry::Dir { .. } => ("dir", None, false, None),
-            Entry::Symlink { target } => ("symlink", None, false, Some(target)),
+        let (kind, size, node, executable, target) = match w.entry {
+            Entry::File { file, executable } => (
+                "file",
+                Some(file.size),
+                Some(file.node.to_string()),
+                executable,
+                None,
+            ),
+            Entry::Dir { .. } => ("dir", None, None, false, None),
+            Entry::Symlink { target } => ("symlink", None, None, false, Some(target)),
         };
         ListedEntry {
             path: w.path,
             kind: kind.into(),
             size,
+            node,
             executable,
             target,
         }

@@ -3,7 +3,8 @@
 //! two saves made through the API in the history; the diff's changed line; a restore making a
 //! new head; the trash; the storage page's dedup ratio against `GET …/storage`; an edit
 //! session's editor; a viewer without edit controls and a non-member's not-found page; the
-//! pages at 360 px. The script is `tests/browser/hub-ui.mjs`; screenshots of each page go to
+//! pages at 360 px. Sessions are served on an origin of their own, as a deployment with several
+//! users runs them; the editor's frame is checked to be there. The script is `tests/browser/hub-ui.mjs`; screenshots of each page go to
 //! `docs/screenshots/hub-*.png`.
 
 use std::path::Path;
@@ -36,7 +37,13 @@ async fn hub_ui_in_a_browser() -> anyhow::Result<()> {
     let owner_token = env.user("ada")?;
     env.cli(&["user", "create", "vic", "--name", "Vic Viewer"])?;
     env.cli(&["user", "create", "olga", "--name", "Olga Outsider"])?;
-    let server = env.start()?;
+    // Sessions on an origin of their own, as a deployment with several users runs them.
+    let server = env.start_with(&[("UNICAS_HUB_SESSION_LISTEN", "127.0.0.1:0")])?;
+    let session_origin = server
+        .stdout_lines()
+        .iter()
+        .find_map(|l| l.strip_prefix("sessions listening on ").map(str::to_string))
+        .context("the sessions' listener")?;
     let screenshots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
     std::fs::create_dir_all(&screenshots)?;
     let out = Command::new("node")
@@ -49,6 +56,7 @@ async fn hub_ui_in_a_browser() -> anyhow::Result<()> {
         .env("OWNER_TOKEN", &owner_token)
         .env("VIEWER_ID", "vic")
         .env("SESSIONS", "1")
+        .env("SESSION_ORIGIN", &session_origin)
         .env("SCREENSHOT_DIR", &screenshots)
         .env("CHROMIUM", "/usr/bin/chromium")
         .output()?;

@@ -29,8 +29,8 @@ pub struct StorageView {
     pub pruned_versions: i64,
     /// `logicalBytes / readyStoredBytes`.
     pub dedup_ratio: f64,
-    /// How the logical bytes grew: after each kept version (oldest first; at most
-    /// [`SERIES_POINTS`] points, evenly spaced over the versions; the last is `logicalBytes`).
+    /// How the logical bytes grew: after each kept version (oldest first; at most 200 points,
+    /// evenly spaced over the versions; the last is `logicalBytes`).
     pub series: Vec<StoragePoint>,
 }
 

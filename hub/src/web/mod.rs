@@ -29,7 +29,24 @@ macro_rules! assets {
         &[$(($name, include_str!(concat!("../../../hub-ui/", $name)))),*]
     };
 }
-const ASSETS: &[(&str, &str)] = assets!["app.css", "app.js"];
+const ASSETS: &[(&str, &str)] = assets![
+    "app.css",
+    "app.js",
+    "api.js",
+    "diff.js",
+    "dom.js",
+    "files.js",
+    "format.js",
+    "nav.js",
+    "notebook.js",
+    "projects.js",
+    "sessions.js",
+    "settings.js",
+    "state.js",
+    "storage.js",
+    "tokens.js",
+    "trash.js",
+];
 
 /// What the pages may load: their own scripts and styles, frames of this origin or of the
 /// sessions' own (the marimo editor), nothing from elsewhere; they are never framed.
@@ -114,6 +131,9 @@ struct WebSession {
     csrf_token: Option<String>,
     auth_mode: &'static str,
     providers: Vec<Provider>,
+    /// Where sessions are served when they have an origin of their own (`null`: under `/s/`
+    /// of this one).
+    session_origin: Option<String>,
 }
 
 async fn current_session(State(hub): State<Hub>, headers: HeaderMap) -> HubResult<Response> {
@@ -141,6 +161,7 @@ async fn current_session(State(hub): State<Hub>, headers: HeaderMap) -> HubResul
         csrf_token,
         auth_mode,
         providers,
+        session_origin: hub.config.session_url.clone(),
     });
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -212,4 +233,35 @@ async fn oidc_callback(
         &headers,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ASSETS;
+
+    #[test]
+    fn every_file_of_the_ui_is_served_and_preloaded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hub-ui");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".js") || n.ends_with(".css"))
+            .collect();
+        files.sort();
+        let mut served: Vec<String> = ASSETS.iter().map(|(n, _)| n.to_string()).collect();
+        served.sort();
+        assert_eq!(
+            files, served,
+            "hub/src/web/mod.rs must list every file of hub-ui/"
+        );
+        for name in files
+            .iter()
+            .filter(|n| n.ends_with(".js") && *n != "app.js")
+        {
+            assert!(
+                super::INDEX.contains(&format!("href=\"/ui/{name}\"")),
+                "index.html preloads {name}"
+            );
+        }
+    }
 }
