@@ -2,7 +2,14 @@
 //
 // Plain ES module with no build step: the server embeds this file as it is. Every view renders
 // from location.hash, so a page can be linked, reloaded and reached with Back. Data is always
-// read through the API's cursors, never all at once: an App can hold 100,000 balances.
+// read through the API's cursors, never all at once: an App can hold 100,000 balances. What it
+// shares with the hub's web UI (element builders, formatting, alerts, the confirmation dialog,
+// the request helpers; web-common/common.js) the server serves beside it as ./common.js.
+
+import {
+  ApiError, bytes, createPage, dataTable, errorText, field, fill, formatBytes, formatCount, h, hiddenTh, loading,
+  numTh, pageElements, parseJson, plural, request, setParams, timeElement, uid,
+} from './common.js';
 
 const HASH_RE = /^[0-9a-f]{64}$/;
 const DOMAIN_RE = /^[a-z][a-z0-9]*(?::[a-z0-9]+)*$/;
@@ -25,132 +32,35 @@ const APP_TABS = [
 /** The signed-in session: { account, csrfToken }, or null on the sign-in page. */
 let session = null;
 
-const els = {
-  main: document.getElementById('main'),
-  alerts: document.getElementById('alerts'),
-  toast: document.getElementById('toast'),
-  announcer: document.getElementById('announcer'),
-  account: document.getElementById('account'),
-  accountName: document.getElementById('account-name'),
-  logout: document.getElementById('logout'),
-  siteNav: document.getElementById('site-nav'),
-  skipLink: document.getElementById('skip-link'),
-  dialog: document.getElementById('confirm-dialog'),
-  dialogTitle: document.getElementById('confirm-title'),
-  dialogMessage: document.getElementById('confirm-message'),
-  dialogOk: document.getElementById('confirm-ok'),
-  dialogCancel: document.getElementById('confirm-cancel'),
-};
-
-/* ------------------------------------------------------------------------------------------ */
-/* DOM helpers                                                                                 */
-/* ------------------------------------------------------------------------------------------ */
-
-/**
- * Creates an element. Text always goes in as text nodes (never innerHTML), so data from the
- * API cannot inject markup. Props: class, testid, data (dataset), on<event> listeners,
- * value/checked as properties, anything else as an attribute (false/null/undefined: omitted).
- */
-function h(tag, props, ...children) {
-  const el = document.createElement(tag);
-  appendChildren(el, children);
-  // After the children, so that a <select>'s value can pick one of its options.
-  for (const [key, value] of Object.entries(props ?? {})) {
-    if (value == null || value === false) continue;
-    if (key === 'class') el.className = value;
-    else if (key === 'testid') el.dataset.testid = value;
-    else if (key === 'data') Object.assign(el.dataset, value);
-    else if (key.startsWith('on') && typeof value === 'function') el.addEventListener(key.slice(2), value);
-    else if (key === 'value' || key === 'checked') el[key] = value;
-    else el.setAttribute(key, value === true ? '' : String(value));
-  }
-  return el;
-}
-
-function appendChildren(el, children) {
-  for (const child of children.flat(Infinity)) {
-    if (child == null || child === false) continue;
-    el.append(child instanceof Node ? child : String(child));
-  }
-}
-
-let idSeq = 0;
-const uid = (prefix) => `${prefix}-${++idSeq}`;
-
-/** A labelled form field; the hint is tied to the control with aria-describedby. */
-function field(label, control, hint) {
-  control.id ||= uid('field');
-  let hintEl = null;
-  if (hint) {
-    hintEl = h('p', { class: 'hint', id: `${control.id}-hint` }, hint);
-    control.setAttribute('aria-describedby', hintEl.id);
-  }
-  return h('div', { class: 'field' }, h('label', { for: control.id }, label), control, hintEl);
-}
-
-/** A table inside a horizontally scrolling, keyboard-focusable region (narrow screens). */
-function dataTable({ testid, caption, head, rows }) {
-  return h('div', { class: 'table-wrap', role: 'region', 'aria-label': caption, tabindex: 0 },
-    h('table', { testid },
-      h('caption', { class: 'visually-hidden' }, caption),
-      h('thead', {}, h('tr', {}, head.map((c) => (c instanceof Node ? c : h('th', { scope: 'col' }, c))))),
-      h('tbody', {}, rows)));
-}
-
-const numTh = (label) => h('th', { scope: 'col', class: 'num' }, label);
-const loading = (text = 'Loading…') => h('p', { class: 'loading' }, text);
+const els = pageElements();
+const {
+  mount, setTitle, showError, clearAlert, toast, announce, confirmDialog, bindSkeleton, handleSubmit, copyText, runView,
+} = createPage(els, {
+  product: 'UniCAS admin',
+  // Any 401: the session is missing or has expired.
+  intercept: (err) => {
+    if (!(err instanceof ApiError && err.status === 401)) return false;
+    renderSignIn();
+    return true;
+  },
+});
 const enc = encodeURIComponent;
-
-/** Replaces an element's children; like replaceChildren, but skips null/false (no "null" text). */
-function fill(el, ...children) {
-  el.replaceChildren();
-  appendChildren(el, children);
-}
-
-const mount = (...children) => fill(els.main, ...children);
-
-function setTitle(...parts) {
-  document.title = [...parts, 'UniCAS admin'].join(' · ');
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Formatting                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-const numberFormat = new Intl.NumberFormat();
 const deltaFormat = new Intl.NumberFormat(undefined, { signDisplay: 'exceptZero' });
-const dateTimeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
-const BYTE_UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB'];
-
-const formatCount = (n) => (typeof n === 'number' ? numberFormat.format(n) : '—');
 const formatDelta = (n) => (typeof n === 'number' ? deltaFormat.format(n) : '—');
 
-function formatBytes(n) {
-  if (typeof n !== 'number' || !Number.isFinite(n)) return '—';
-  let value = n;
-  let unit = 0;
-  while (Math.abs(value) >= 1024 && unit < BYTE_UNITS.length - 1) {
-    value /= 1024;
-    unit += 1;
-  }
-  if (unit === 0) return `${numberFormat.format(n)} B`;
-  const digits = Math.abs(value) < 10 ? 2 : Math.abs(value) < 100 ? 1 : 0;
-  return `${value.toFixed(digits)} ${BYTE_UNITS[unit]}`;
-}
-
-/** Bytes, human-readable, with the exact count in a tooltip. */
-const bytes = (n, testid) =>
-  h('span', { testid, title: typeof n === 'number' ? `${numberFormat.format(n)} bytes` : null }, formatBytes(n));
-
-/** A timestamp in ms since the epoch, as a local date-time. */
+/** A timestamp in ms since the epoch, as a local date-time (to the second). */
 function time(ms) {
   if (typeof ms !== 'number') return h('span', {}, '—');
   const date = new Date(ms);
-  return h('time', { datetime: date.toISOString(), title: date.toISOString() }, dateTimeFormat.format(date));
+  return timeElement(date, date.toISOString(), { seconds: true });
 }
 
 const shortHash = (hash) => (HASH_RE.test(hash) ? `${hash.slice(0, 10)}…${hash.slice(-6)}` : String(hash));
-const plural = (n, one, many = `${one}s`) => `${formatCount(n)} ${n === 1 ? one : many}`;
 const asText = (v) => (v == null ? '—' : typeof v === 'object' ? JSON.stringify(v) : String(v));
 
 /** A hash: abbreviated, the full value in the tooltip, and (optionally) a copy button. */
@@ -168,116 +78,9 @@ function hashView(hash, { copy = true } = {}) {
     }, 'Copy'));
 }
 
-async function copyText(text, done) {
-  try {
-    await navigator.clipboard.writeText(text);
-  } catch {
-    // The Clipboard API needs a secure context; plain http on a LAN address is not one.
-    const area = h('textarea', { class: 'visually-hidden', readonly: true }, text);
-    document.body.append(area);
-    area.select();
-    const ok = document.execCommand('copy');
-    area.remove();
-    if (!ok) {
-      showError(new Error('The browser refused to copy; select the text instead.'));
-      return;
-    }
-  }
-  toast(done);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Messages: errors (alert), confirmations (toast), screen-reader announcements               */
-/* ------------------------------------------------------------------------------------------ */
-
-function showError(err) {
-  if (err instanceof ApiError && err.status === 401) {
-    renderSignIn();
-    return;
-  }
-  const message = err?.message || String(err);
-  const code = err instanceof ApiError ? err.code : null;
-  fill(els.alerts, h('div', { class: 'alert-box' },
-    h('p', {},
-      h('strong', {}, 'Error: '),
-      h('span', { testid: 'alert-message' }, message),
-      code && h('span', { class: 'alert-code' }, ` (${code})`)),
-    h('button', { type: 'button', class: 'secondary small', onclick: clearAlert }, 'Dismiss')));
-  els.alerts.scrollIntoView({ block: 'nearest' });
-}
-
-function clearAlert() {
-  fill(els.alerts);
-}
-
-let toastTimer = 0;
-function toast(text) {
-  clearTimeout(toastTimer);
-  fill(els.toast, h('p', {}, text));
-  els.toast.classList.add('visible');
-  toastTimer = setTimeout(() => {
-    els.toast.classList.remove('visible');
-    fill(els.toast);
-  }, 6000);
-}
-
-function announce(text) {
-  els.announcer.textContent = text;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Confirmation dialog                                                                         */
-/* ------------------------------------------------------------------------------------------ */
-
-/**
- * Asks for confirmation in the modal dialog; resolves true when confirmed. Escape, Cancel and
- * closing resolve false. Focus starts on Cancel (the harmless choice), stays inside the dialog
- * and returns to the element that opened it.
- */
-function confirmDialog({ title, message, confirmLabel = 'Confirm', danger = false }) {
-  const opener = document.activeElement;
-  els.dialogTitle.textContent = title;
-  fill(els.dialogMessage, typeof message === 'string' ? h('p', {}, message) : message);
-  els.dialogOk.textContent = confirmLabel;
-  els.dialogOk.classList.toggle('danger', danger);
-  els.dialog.returnValue = '';
-  els.dialog.showModal();
-  els.dialogCancel.focus();
-  return new Promise((resolve) => {
-    els.dialog.addEventListener('close', () => {
-      if (opener instanceof HTMLElement && opener.isConnected) opener.focus();
-      resolve(els.dialog.returnValue === 'confirm');
-    }, { once: true });
-  });
-}
-
-function trapDialogFocus(event) {
-  if (event.key !== 'Tab') return;
-  const focusable = [...els.dialog.querySelectorAll('button, [href], input, select, textarea')]
-    .filter((el) => !el.disabled);
-  if (focusable.length === 0) return;
-  const first = focusable[0];
-  const last = focusable[focusable.length - 1];
-  if (event.shiftKey && document.activeElement === first) {
-    event.preventDefault();
-    last.focus();
-  } else if (!event.shiftKey && document.activeElement === last) {
-    event.preventDefault();
-    first.focus();
-  }
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* API                                                                                         */
 /* ------------------------------------------------------------------------------------------ */
-
-class ApiError extends Error {
-  constructor(status, code, message) {
-    super(message);
-    this.status = status;
-    this.code = code;
-  }
-}
 
 /**
  * Calls the admin API. `query` entries that are empty are left out; `json` is sent as JSON,
@@ -285,37 +88,15 @@ class ApiError extends Error {
  * Resolves the parsed JSON (null for 204); rejects with ApiError carrying the API's message.
  */
 async function api(method, path, { query, json, body, contentType } = {}) {
-  const url = new URL(`/admin${path}`, window.location.origin);
-  for (const [key, value] of Object.entries(query ?? {})) {
-    if (value != null && value !== '') url.searchParams.set(key, String(value));
-  }
-  const headers = { Accept: 'application/json' };
-  if (method !== 'GET' && session) headers['X-CSRF-Token'] = session.csrfToken;
-  let payload;
-  if (json !== undefined) {
-    headers['Content-Type'] = 'application/json';
-    payload = JSON.stringify(json);
-  } else if (body !== undefined) {
-    headers['Content-Type'] = contentType;
-    payload = body;
-  }
-  let response;
-  try {
-    response = await fetch(url, { method, headers, body: payload, credentials: 'same-origin' });
-  } catch (err) {
-    throw new ApiError(0, 'NETWORK_ERROR', `The server could not be reached: ${err.message}`);
-  }
+  const response = await request(new URL(`/admin${path}`, window.location.origin), method, {
+    query, json, body, contentType, csrfToken: session?.csrfToken, unreachable: 'The server could not be reached',
+  });
   if (response.status === 204) return null;
   const text = await response.text();
-  let data = null;
-  try {
-    data = text ? JSON.parse(text) : null;
-  } catch {
-    // Not JSON (a proxy's error page, say): the status line and text still explain it.
-  }
+  // The admin API's errors are { error: CODE, message }.
+  const data = parseJson(text);
   if (!response.ok) {
-    throw new ApiError(response.status, data?.error ?? `HTTP_${response.status}`,
-      data?.message ?? (text.trim().slice(0, 300) || response.statusText || 'Request failed'));
+    throw new ApiError(response.status, data?.error ?? `HTTP_${response.status}`, data?.message ?? errorText(text, response.statusText));
   }
   return data;
 }
@@ -328,11 +109,7 @@ const appPath = (appId, rest = '') => `/apps/${enc(appId)}${rest}`;
 
 /** `#/apps/{appId}/{tab}?query`, with query values left out when empty. */
 function appHref(appId, tab = '', params = {}) {
-  const query = new URLSearchParams();
-  for (const [key, value] of Object.entries(params)) {
-    if (value != null && value !== '') query.set(key, String(value));
-  }
-  const qs = query.toString();
+  const qs = setParams(new URLSearchParams(), params).toString();
   return `#/apps/${enc(appId)}${tab ? `/${tab}` : ''}${qs ? `?${qs}` : ''}`;
 }
 
@@ -381,27 +158,7 @@ async function route({ initial = false } = {}) {
   const seq = ++routeSeq;
   const { segments, params } = parseRoute();
   const ctx = { segments, params, appId: segments[1], stale: () => seq !== routeSeq };
-  clearAlert();
-  els.main.setAttribute('aria-busy', 'true');
-  let done;
-  try {
-    done = resolveView(ctx)(ctx);
-  } catch (err) {
-    done = Promise.reject(err);
-  }
-  // Move focus to the new page's heading so that keyboard and screen-reader users start there;
-  // not on first load, where the skip link comes first.
-  if (!initial) els.main.querySelector('h1')?.focus();
-  try {
-    await done;
-  } catch (err) {
-    if (!ctx.stale()) {
-      for (const el of els.main.querySelectorAll('.loading')) el.replaceWith(h('p', { class: 'empty' }, 'This could not be loaded.'));
-      showError(err);
-    }
-  } finally {
-    if (!ctx.stale()) els.main.removeAttribute('aria-busy');
-  }
+  await runView(resolveView(ctx), ctx, { initial });
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -514,26 +271,6 @@ function createAppForm() {
     window.location.hash = appHref(app.appId);
   });
   return form;
-}
-
-/**
- * Runs `action` on submit with the submit buttons disabled; errors go to the alert region.
- * The browser's own validation (required, type=email, min/max) runs first.
- */
-function handleSubmit(form, action) {
-  form.addEventListener('submit', async (event) => {
-    event.preventDefault();
-    const buttons = [...form.querySelectorAll('button[type=submit]')];
-    buttons.forEach((b) => { b.disabled = true; });
-    clearAlert();
-    try {
-      await action(event);
-    } catch (err) {
-      showError(err);
-    } finally {
-      buttons.forEach((b) => { b.disabled = false; });
-    }
-  });
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -861,7 +598,7 @@ function balancesView(ctx) {
     render: (items, appId) => dataTable({
       testid: 'balances-table',
       caption: 'Root-ref balances',
-      head: ['Space', 'Domain', 'Hash', numTh('Count'), h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, 'Links'))],
+      head: ['Space', 'Domain', 'Hash', numTh('Count'), hiddenTh('Links')],
       rows: items.map((b) => h('tr', { testid: 'balance-row', data: { spaceId: b.spaceId, refDomain: b.refDomain, hash: b.hash } },
         h('td', {}, h('code', { class: 'space-id' }, b.spaceId)),
         h('td', { testid: 'balance-domain' }, h('code', {}, asText(b.refDomain))),
@@ -1162,7 +899,7 @@ function reconcileView(ctx) {
       dataTable({
         testid: 'diff-table',
         caption: 'Differences between intended and CAS balances',
-        head: [h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, 'Selected')), 'Space', 'Hash',
+        head: [hiddenTh('Selected'), 'Space', 'Hash',
           numTh('Intended'), numTh('Actual'), numTh('Delta'), 'Events'],
         rows,
       }),
@@ -1308,7 +1045,7 @@ async function keysView(ctx) {
     fill(list, keys.length ? dataTable({
       testid: 'keys-table',
       caption: 'Issuer keys',
-      head: ['Key ID', 'Algorithm', 'Added', 'Status', h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, 'Actions'))],
+      head: ['Key ID', 'Algorithm', 'Added', 'Status', hiddenTh('Actions')],
       rows: keys.map((k) => h('tr', { testid: 'key-row', data: { kid: k.kid } },
         h('th', { scope: 'row' }, h('code', {}, k.kid)),
         h('td', {}, k.alg),
@@ -1382,7 +1119,7 @@ async function membersView(ctx) {
     fill(list, members.length ? dataTable({
       testid: 'members-table',
       caption: 'Members',
-      head: ['Name', 'Email', 'Account', h('th', { scope: 'col' }, h('span', { class: 'visually-hidden' }, 'Actions'))],
+      head: ['Name', 'Email', 'Account', hiddenTh('Actions')],
       rows: members.map((m) => h('tr', { testid: 'member-row', data: { accountId: m.accountId, email: m.email ?? '' } },
         h('th', { scope: 'row' }, m.displayName || '—'),
         h('td', { class: 'wrap' }, m.email ?? '—'),
@@ -1430,12 +1167,7 @@ function notFoundView() {
 
 async function start() {
   els.logout.addEventListener('click', logout);
-  els.dialog.addEventListener('keydown', trapDialogFocus);
-  // The skip link must not change the hash: the hash is the router's.
-  els.skipLink.addEventListener('click', (event) => {
-    event.preventDefault();
-    els.main.focus();
-  });
+  bindSkeleton();
   window.addEventListener('hashchange', () => route());
 
   try {

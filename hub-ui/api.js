@@ -2,9 +2,9 @@
 // envelopes, errors), cursor-paged lists, API paths, user ids as names, the hub's features,
 // a file's bytes with a size limit, and uploads with progress.
 
-import { ApiError, session } from './state.js';
+import { ApiError, errorText, h, parseJson, request } from './common.js';
+import { session } from './state.js';
 import { enc, encPath } from './nav.js';
-import { h } from './dom.js';
 
 export const PAGE_LIMIT = 100;
 // Sessions are counted over at most this many pages of the project's live sessions.
@@ -19,17 +19,12 @@ export const apiUrl = (path) => new URL(path.startsWith('/api/') || BROWSER_AUTH
 
 /** Turns a failed answer into an ApiError with the envelope's code and message. */
 function errorOf(response, text) {
-  let env = null;
-  try {
-    env = text ? JSON.parse(text) : null;
-  } catch {
-    // Not JSON (a proxy's error page, say): the status line and text still explain it.
-  }
+  const env = parseJson(text);
   const e = env?.error && typeof env.error === 'object' ? env.error : null;
   const retry = Number(response.headers.get('Retry-After'));
   return new ApiError(response.status,
     e?.code ?? (typeof env?.error === 'string' ? env.error : `HTTP_${response.status}`),
-    e?.message ?? env?.message ?? (text.trim().slice(0, 300) || response.statusText || 'Request failed'),
+    e?.message ?? env?.message ?? errorText(text, response.statusText),
     e ?? {},
     Number.isFinite(retry) && retry > 0 ? retry : null);
 }
@@ -42,27 +37,9 @@ function errorOf(response, text) {
  * Not found page). A 401 sends the browser to the sign-in page.
  */
 export async function api(method, path, { query, json, body, contentType, main = false, signal } = {}) {
-  const url = apiUrl(path);
-  for (const [key, value] of Object.entries(query ?? {})) {
-    if (value != null && value !== '') url.searchParams.set(key, String(value));
-  }
-  const headers = { Accept: 'application/json' };
-  if (method !== 'GET' && method !== 'HEAD' && session.csrf) headers['X-CSRF-Token'] = session.csrf;
-  let payload;
-  if (json !== undefined) {
-    headers['Content-Type'] = 'application/json';
-    payload = JSON.stringify(json);
-  } else if (body !== undefined) {
-    headers['Content-Type'] = contentType;
-    payload = body;
-  }
-  let response;
-  try {
-    response = await fetch(url, { method, headers, body: payload, credentials: 'same-origin', signal });
-  } catch (err) {
-    if (err?.name === 'AbortError') throw err;
-    throw new ApiError(0, 'NETWORK_ERROR', `The hub could not be reached: ${err.message}`);
-  }
+  const response = await request(apiUrl(path), method, {
+    query, json, body, contentType, signal, csrfToken: session.csrf, unreachable: 'The hub could not be reached',
+  });
   const text = await response.text();
   if (response.ok) {
     let env = null;
@@ -209,18 +186,13 @@ export function uploadWithProgress(url, file, contentType, onProgress) {
     });
     xhr.addEventListener('load', () => {
       const text = xhr.responseText ?? '';
-      let env = null;
-      try {
-        env = text ? JSON.parse(text) : null;
-      } catch {
-        // Reported below with the status line.
-      }
+      const env = parseJson(text);
       if (xhr.status >= 200 && xhr.status < 300 && env?.success) {
         resolve(env.data);
         return;
       }
       const e = env?.error ?? {};
-      reject(new ApiError(xhr.status, e.code ?? `HTTP_${xhr.status}`, e.message ?? (text.trim().slice(0, 300) || xhr.statusText || 'The upload failed'), e));
+      reject(new ApiError(xhr.status, e.code ?? `HTTP_${xhr.status}`, e.message ?? errorText(text, xhr.statusText, 'The upload failed'), e));
     });
     xhr.addEventListener('error', () => reject(new ApiError(0, 'NETWORK_ERROR', 'The upload was interrupted: the hub could not be reached.')));
     xhr.addEventListener('abort', () => reject(new ApiError(0, 'ABORTED', 'The upload was cancelled.')));

@@ -11,10 +11,12 @@
 // This module is the entry (index.html loads only it): the table of views, the router, the
 // header's account, the sign-in and Not found pages, and start-up. The modules, lowest first
 // (each imports only from those before it):
-//   state.js     the browser session, ApiError, the fresh sync token handed to a notebook page
+//   common.js    what the admin UI shares (web-common/): element builders, fields, tables,
+//                counts and bytes, ApiError and the request helpers, alerts, toast, dialog
+//   state.js     the browser session, the fresh sync token handed to a notebook page
 //   nav.js       addresses, navigate() and the way to sign-in (the router registers itself)
-//   dom.js       element builders, fields, tables, alerts, toast, dialog, busy buttons
-//   format.js    counts, bytes, times, roles, badges
+//   dom.js       this page's alerts, toast, dialog and forms (from common.js), busy buttons
+//   format.js    times, roles, badges
 //   api.js       the fetch wrapper, pages of lists, user names, features, file bytes, uploads
 //   projects.js  the projects page, the project frame, a project's notebooks
 //   settings.js, trash.js, storage.js   a project's other pages
@@ -24,9 +26,10 @@
 //   sessions.js  the editor and app pages
 //   tokens.js    personal access tokens
 
-import { ApiError, session, setSession } from './state.js';
+import { ApiError, fill, h } from './common.js';
+import { session, setSession } from './state.js';
 import { enc, goLogin, isUiPath, navigate, parseRoute, safeNext, setRouter } from './nav.js';
-import { clearAlert, els, fill, h, mount, setTitle, showError, trapDialogFocus } from './dom.js';
+import { bindSkeleton, clearAlert, els, mount, runView, setTitle, showError } from './dom.js';
 import { api } from './api.js';
 import { projectsView, projectView } from './projects.js';
 import { settingsView } from './settings.js';
@@ -128,31 +131,16 @@ async function route({ initial = false } = {}) {
     onLeave: (fn) => leaveHandlers.push(fn),
   };
   markNav(segments);
-  clearAlert();
-  els.main.setAttribute('aria-busy', 'true');
-  let done;
-  try {
-    done = view(ctx);
-  } catch (err) {
-    done = Promise.reject(err);
-  }
-  // Move focus to the new page's heading so that keyboard and screen-reader users start there;
-  // not on first load, where the skip link comes first.
-  if (!initial) els.main.querySelector('h1')?.focus();
-  try {
-    await done;
-  } catch (err) {
-    if (ctx.stale()) return;
-    if (err instanceof ApiError && err.main && err.status === 404) {
+  await runView(view, ctx, {
+    initial,
+    // The page's main resource (a project, a notebook) answered 404: the Not found page.
+    onFail: (err) => {
+      if (!(err instanceof ApiError && err.main && err.status === 404)) return false;
       notFoundView(ctx);
       if (!initial) els.main.querySelector('h1')?.focus();
-      return;
-    }
-    for (const el of els.main.querySelectorAll('.loading')) el.replaceWith(h('p', { class: 'empty' }, 'This could not be loaded.'));
-    showError(err);
-  } finally {
-    if (!ctx.stale()) els.main.removeAttribute('aria-busy');
-  }
+      return true;
+    },
+  });
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -260,12 +248,7 @@ setRouter({ route, renderAccount });
 
 async function start() {
   els.logout.addEventListener('click', logout);
-  els.dialog.addEventListener('keydown', trapDialogFocus);
-  // The skip link must not change the address: it moves focus to the main region.
-  els.skipLink.addEventListener('click', (event) => {
-    event.preventDefault();
-    els.main.focus();
-  });
+  bindSkeleton();
   document.addEventListener('click', interceptLinks);
   window.addEventListener('popstate', () => route());
   try {

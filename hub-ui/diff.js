@@ -1,10 +1,9 @@
 // Comparing two revisions: Myers' line diff computed in the page, grouped into hunks, and
 // rendered unified or side by side.
 
-import { ApiError } from './state.js';
+import { ApiError, dataTable, fill, formatBytes, formatCount, h, plural, uid } from './common.js';
 import { diffHref, navigate } from './nav.js';
-import { dataTable, fill, h, uid } from './dom.js';
-import { badge, formatBytes, formatCount, plural } from './format.js';
+import { badge } from './format.js';
 import { api, fetchContent, fileApiUrl, notebookApi, PAGE_LIMIT } from './api.js';
 import { loadNotebook, notebookFrame } from './notebook.js';
 import { revisionPicker, splitLines } from './files.js';

@@ -1,10 +1,8 @@
 // File contents: the files of a revision, one file's text with line numbers (or a download
 // link for binary and large files), and the revision picker the diff page shares.
 
-import { ApiError } from './state.js';
+import { ApiError, field, fill, formatBytes, formatCount, h, loading, plural } from './common.js';
 import { fileHref, filesHref, navigate } from './nav.js';
-import { field, fill, h, loading } from './dom.js';
-import { formatBytes, formatCount, plural } from './format.js';
 import { api, fetchContent, fileApiUrl, notebookApi, PAGE_LIMIT, rethrow401 } from './api.js';
 import { filesTable, loadNotebook, notebookFrame } from './notebook.js';
 

@@ -3,6 +3,7 @@
 // table of views) is app.js's, which registers it here with setRouter: views navigate through
 // this module without importing app.js, and this module imports no view.
 
+import { setParams } from './common.js';
 import { setSession } from './state.js';
 
 export const enc = encodeURIComponent;
@@ -25,11 +26,7 @@ export function isUiPath(path) {
 
 /** `/a/b/c` from segments, each one encoded; `query` entries that are empty are left out. */
 function href(segments, query = {}) {
-  const qs = new URLSearchParams();
-  for (const [key, value] of Object.entries(query)) {
-    if (value != null && value !== '') qs.set(key, String(value));
-  }
-  const q = qs.toString();
+  const q = setParams(new URLSearchParams(), query).toString();
   return `/${segments.map(enc).join('/')}${q ? `?${q}` : ''}`;
 }
 

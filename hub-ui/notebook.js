@@ -2,15 +2,16 @@
 // history with compare and restore), and what the pages below it share: their frame, loading
 // the project and notebook, and the files table.
 
+import {
+  bytes, dataTable, field, fill, formatCount, h, hiddenTh, loading, numTh, uid
+} from './common.js';
 import { takeFreshSyncToken } from './state.js';
 import { diffHref, enc, fileHref, filesHref, navigate, notebookHref, projectHref } from './nav.js';
 import {
-  announce, breadcrumbs, busy, clearAlert, confirmDialog, copyBlock, dataTable, field, fill, h,
-  handleSubmit, hiddenTh, loading, loadMoreButton, mount, numTh, setTitle, showError, toast, uid
+  announce, breadcrumbs, busy, clearAlert, confirmDialog, copyBlock, handleSubmit, loadMoreButton,
+  mount, setTitle, showError, toast
 } from './dom.js';
-import {
-  atLeast, badge, bytes, formatCount, isGit, sourceText, statusBadge, tagList, time
-} from './format.js';
+import { atLeast, badge, isGit, sourceText, statusBadge, tagList, time } from './format.js';
 import {
   allPages, api, feature, notebookApi, PAGE_LIMIT, person, projectApi, resolveUsers, rethrow401,
   system

@@ -2,15 +2,16 @@
 // project page shares (breadcrumb, heading, section tabs) and a project's notebooks page
 // (search, live sessions, a new notebook, importing an archive).
 
-import { ApiError, setFreshSyncToken } from './state.js';
+import {
+  ApiError, dataTable, field, fill, formatCount, h, hiddenTh, loading, numTh, plural, uid
+} from './common.js';
+import { setFreshSyncToken } from './state.js';
 import { enc, navigate, notebookHref, projectHref } from './nav.js';
 import {
-  announce, breadcrumbs, busy, clearAlert, dataTable, field, fill, h, handleSubmit, hiddenTh,
-  loading, loadMoreButton, mount, numTh, setTitle, showError, toast, uid
+  announce, breadcrumbs, busy, clearAlert, handleSubmit, loadMoreButton, mount, setTitle,
+  showError, toast
 } from './dom.js';
-import {
-  atLeast, badge, formatCount, isGit, plural, roleName, statusBadge, tagList, time
-} from './format.js';
+import { atLeast, badge, isGit, roleName, statusBadge, tagList, time } from './format.js';
 import {
   allPages, api, feature, PAGE_LIMIT, projectApi, system, uploadWithProgress
 } from './api.js';

@@ -1,10 +1,11 @@
 // Sessions: the editor page (start or rejoin an edit session, marimo in a frame, heartbeats,
 // take over, close) and the app page (a visit per tab, its heartbeat and departure).
 
-import { ApiError, session } from './state.js';
+import { ApiError, fill, formatCount, h } from './common.js';
+import { session } from './state.js';
 import { enc, navigate, notebookHref } from './nav.js';
-import { busy, clearAlert, fill, h, showError, sleep, toast } from './dom.js';
-import { atLeast, formatCount, time } from './format.js';
+import { busy, clearAlert, showError, sleep, toast } from './dom.js';
+import { atLeast, time } from './format.js';
 import { api, apiUrl, feature, notebookApi, person, resolveUsers } from './api.js';
 import { LIVE_STATUSES } from './projects.js';
 import { loadNotebook, notebookFrame } from './notebook.js';

@@ -1,11 +1,9 @@
 // A project's Settings page: its details and default access, members and their roles,
 // invitations by email, and moving the project to the trash.
 
+import { dataTable, field, fill, h, hiddenTh, loading } from './common.js';
 import { enc, navigate } from './nav.js';
-import {
-  busy, clearAlert, confirmDialog, dataTable, field, fill, h, handleSubmit, hiddenTh, loading,
-  showError, toast
-} from './dom.js';
+import { busy, clearAlert, confirmDialog, handleSubmit, showError, toast } from './dom.js';
 import { atLeast, badge, ROLE_RANK, roleName, time } from './format.js';
 import { api, feature, person, personName, projectApi, resolveUsers, system } from './api.js';
 import { projectFrame } from './projects.js';

@@ -1,7 +1,6 @@
 // The hub UI's shared state, at the bottom of its modules (this one imports nothing): the
-// browser session, the error every API call rejects with, and the sync token a notebook create
-// hands to that notebook's page. ApiError lives here rather than in api.js because dom.js
-// (below api.js) tells a 401 by it.
+// browser session and the sync token a notebook create hands to that notebook's page. (The
+// error every API call rejects with, ApiError, is common.js's.)
 
 /**
  * The browser session: { user, csrf, authMode, providers, sessionOrigin }, from
@@ -13,16 +12,6 @@ export const session = { user: null, csrf: null, authMode: 'token', providers: [
 /** Changes fields of the session; it stays one object, which every module reads. */
 export function setSession(fields) {
   Object.assign(session, fields);
-}
-
-export class ApiError extends Error {
-  constructor(status, code, message, details = {}, retryAfter = null) {
-    super(message);
-    this.status = status;
-    this.code = code;
-    this.details = details;
-    this.retryAfter = retryAfter;
-  }
 }
 
 /** A sync token answered by a notebook create, shown once on that notebook's page. */

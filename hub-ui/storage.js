@@ -1,10 +1,11 @@
 // A project's Storage page: what full copies would store against what the CAS stores, and an
 // SVG chart of the growth over time with its numbers as a table.
 
-import { dataTable, fill, h, numTh, s, uid } from './dom.js';
 import {
-  bytes, dateTimeFormat, formatBytes, formatCount, formatRatio, parseTime, time
-} from './format.js';
+  bytes, dataTable, fill, formatBytes, formatCount, formatDateTime, h, numTh, uid
+} from './common.js';
+import { s } from './dom.js';
+import { formatRatio, parseTime, time } from './format.js';
 import { api, projectApi } from './api.js';
 import { projectFrame } from './projects.js';
 
@@ -105,7 +106,7 @@ function storageChart(st) {
   const last = points[points.length - 1];
   const titleId = uid('chart-title');
   const descId = uid('chart-desc');
-  const summary = `From ${dateTimeFormat.format(new Date(first.t))} to ${dateTimeFormat.format(new Date(last.t))}, `
+  const summary = `From ${formatDateTime(new Date(first.t))} to ${formatDateTime(new Date(last.t))}, `
     + `full copies of the kept revisions grew from ${formatBytes(first.bytes)} to ${formatBytes(last.bytes)}; `
     + `the CAS stores ${formatBytes(stored)}${storedNote(last.bytes, stored)}.`;
 

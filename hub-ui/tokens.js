@@ -1,11 +1,11 @@
 // The Access tokens page: your personal access tokens, created (shown once) and revoked.
 
+import { dataTable, field, fill, h, hiddenTh, loading, plural } from './common.js';
 import { enc } from './nav.js';
 import {
-  busy, clearAlert, confirmDialog, copyBlock, dataTable, field, fill, h, handleSubmit, hiddenTh,
-  loading, mount, setTitle, showError, toast
+  busy, clearAlert, confirmDialog, copyBlock, handleSubmit, mount, setTitle, showError, toast
 } from './dom.js';
-import { plural, roleName, time } from './format.js';
+import { roleName, time } from './format.js';
 import { api } from './api.js';
 
 function scopeText(scope) {

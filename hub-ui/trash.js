@@ -1,9 +1,8 @@
 // A project's Trash page: its deleted notebooks, restored or purged by a manager.
 
+import { dataTable, fill, h, hiddenTh } from './common.js';
 import { enc } from './nav.js';
-import {
-  busy, clearAlert, confirmDialog, dataTable, fill, h, hiddenTh, showError, toast
-} from './dom.js';
+import { busy, clearAlert, confirmDialog, showError, toast } from './dom.js';
 import { atLeast, time } from './format.js';
 import { api, person, projectApi, resolveUsers } from './api.js';
 import { projectFrame } from './projects.js';

@@ -76,14 +76,7 @@ pub fn granted(r: GrantedRole) -> Role {
     }
 }
 
-/// Equal strings, in time independent of where they differ.
-pub fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
+pub use server_kit::web_auth::same;
 
 /// Checks a scope as a client sent it: `*` or 1 to 100 distinct project ids.
 fn check_scope(s: &TokenScope) -> HubResult<()> {

@@ -82,6 +82,19 @@ pub fn urlencode(s: &str) -> String {
         .collect()
 }
 
+/// An embedded file of a web UI: its type, revalidated on every use, never sniffed.
+pub fn static_asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut r = body.into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
 /// Text safe inside HTML.
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;")

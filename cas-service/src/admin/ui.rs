@@ -2,7 +2,7 @@
 
 use axum::Router;
 use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 
 use crate::Service;
@@ -10,16 +10,13 @@ use crate::Service;
 const INDEX: &str = include_str!("../../../admin-ui/index.html");
 const APP_JS: &str = include_str!("../../../admin-ui/app.js");
 const APP_CSS: &str = include_str!("../../../admin-ui/app.css");
+/// What the admin UI shares with the hub's web UI.
+const COMMON_JS: &str = include_str!("../../../web-common/common.js");
+const BASE_CSS: &str = include_str!("../../../web-common/base.css");
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
-    let mut r = body.into_response();
+    let mut r = server_kit::web_auth::static_asset(body, content_type);
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
@@ -50,5 +47,13 @@ pub fn router() -> Router<Service> {
         .route(
             "/admin/ui/app.css",
             get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }),
+        )
+        .route(
+            "/admin/ui/common.js",
+            get(|| async { asset(COMMON_JS, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/admin/ui/base.css",
+            get(|| async { asset(BASE_CSS, "text/css; charset=utf-8") }),
         )
 }

@@ -29,6 +29,11 @@ macro_rules! assets {
         &[$(($name, include_str!(concat!("../../../hub-ui/", $name)))),*]
     };
 }
+/// What the hub's web UI shares with the CAS admin UI.
+const SHARED: &[(&str, &str)] = &[
+    ("common.js", include_str!("../../../web-common/common.js")),
+    ("base.css", include_str!("../../../web-common/base.css")),
+];
 const ASSETS: &[(&str, &str)] = assets![
     "app.css",
     "app.js",
@@ -75,20 +80,8 @@ pub fn router() -> Router<Hub> {
         .route("/auth/oidc/{provider}", get(oidc_start))
 }
 
-fn asset(body: &'static str, content_type: &'static str, cache: &'static str) -> Response {
-    let mut r = body.into_response();
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    r
-}
-
 async fn page(State(hub): State<Hub>) -> HubResult<Response> {
-    let mut r = asset(INDEX, "text/html; charset=utf-8", "no-cache");
+    let mut r = server_kit::web_auth::static_asset(INDEX, "text/html; charset=utf-8");
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -106,6 +99,7 @@ async fn page(State(hub): State<Hub>) -> HubResult<Response> {
 async fn asset_file(Path(file): Path<String>) -> HubResult<Response> {
     let (_, body) = ASSETS
         .iter()
+        .chain(SHARED)
         .find(|(name, _)| *name == file)
         .ok_or_else(|| HubError::not_found("no such file of the web UI"))?;
     let kind = if file.ends_with(".css") {
@@ -113,7 +107,7 @@ async fn asset_file(Path(file): Path<String>) -> HubResult<Response> {
     } else {
         "text/javascript; charset=utf-8"
     };
-    Ok(asset(body, kind, "no-cache"))
+    Ok(server_kit::web_auth::static_asset(body, kind))
 }
 
 #[derive(Serialize)]
