@@ -131,6 +131,16 @@ fn other_day(a_ms: i64, b_ms: i64) -> bool {
 impl Hub {
     /// The calling user, or 401.
     pub async fn authenticate(&self, method: &Method, headers: &HeaderMap) -> HubResult<User> {
+        self.authenticate_as(method, headers, true).await
+    }
+
+    /// [`Self::authenticate`]; a browser's web UI session counts only with `browser`.
+    pub async fn authenticate_as(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        browser: bool,
+    ) -> HubResult<User> {
         if self.config.auth == AuthMode::None {
             return self
                 .user(&self.config.local_user)
@@ -139,7 +149,7 @@ impl Hub {
         }
         let Some(token) = bearer(headers) else {
             // A signed-in browser (the web UI) instead of a token.
-            if let Some((user, _)) = self.web_caller(method, headers).await? {
+            if browser && let Some((user, _)) = self.web_caller(method, headers).await? {
                 return Ok(user);
             }
             return Err(HubError::unauthorized(

@@ -124,12 +124,15 @@ impl Hub {
                 .is_ok())
     }
 
-    /// The caller of a proxied request: a session cookie, else a hub token.
+    /// The caller of a proxied request: a session cookie, else a hub token (or, on the hub's own
+    /// origin, its web UI session; never on the sessions' own origin, where that cookie also
+    /// arrives when only the port differs).
     async fn proxy_caller(
         &self,
         method: &axum::http::Method,
         headers: &HeaderMap,
         sid: &SessionId,
+        on_session_origin: bool,
     ) -> HubResult<User> {
         if self.config.auth == AuthMode::Token {
             let from_cookie = headers
@@ -146,9 +149,14 @@ impl Hub {
                     .ok_or_else(|| HubError::unauthorized("this user is suspended or gone"));
             }
         }
-        self.authenticate(method, headers).await
+        self.authenticate_as(method, headers, !on_session_origin)
+            .await
     }
 }
+
+/// Marks the requests of the sessions' own listener.
+#[derive(Clone, Copy)]
+pub struct SessionOrigin;
 
 /// `/s/…` on the hub's own listener when sessions have an origin of their own: only what
 /// another hub process forwards (a browser's navigation cannot carry the header, and a page's
@@ -190,7 +198,10 @@ async fn proxy_request(hub: &Hub, req: Request) -> HubResult<Response> {
     if let Some(t) = ticket_of(query.as_deref()) {
         return exchange_ticket(hub, &sid, &t, &path, query.as_deref());
     }
-    let user = hub.proxy_caller(req.method(), req.headers(), &sid).await?;
+    let on_session_origin = req.extensions().get::<SessionOrigin>().is_some();
+    let user = hub
+        .proxy_caller(req.method(), req.headers(), &sid, on_session_origin)
+        .await?;
     let row = hub.store.session(&sid).await?.ok_or_else(not_found)?;
     if !hub.may_use_session(&user, &row).await? {
         return Err(not_found());

@@ -210,6 +210,7 @@ pub fn session_router(hub: Hub) -> Router {
         .route("/s/{*rest}", axum::routing::any(crate::proxy::proxy))
         .fallback(|| async { HubError::not_found("only sessions are served here") })
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::Extension(crate::proxy::SessionOrigin))
         .with_state(hub.clone())
         .layer(axum::middleware::from_fn_with_state(
             hub.clone(),

@@ -166,6 +166,35 @@ async fn sessions_on_their_own_origin(b: Backend) -> anyhow::Result<()> {
         404,
         "the hub API answered on the sessions' origin"
     );
+    // The hub's web UI cookie (sent to every port of the host) opens nothing there.
+    let link = env.cli(&["user", "login-link", "alice"])?;
+    let link = link.trim();
+    let signed = http
+        .post(format!(
+            "{}{}",
+            server.url,
+            &link[link.find("/auth/link/").unwrap_or(0)..]
+        ))
+        .header("origin", &server.url)
+        .send()
+        .await?;
+    let web = signed.headers()["set-cookie"]
+        .to_str()?
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(web.starts_with("unicas_hub="), "{web}");
+    let with_web = http
+        .get(format!("{origin}/s/{sid}/"))
+        .header("cookie", &web)
+        .send()
+        .await?;
+    assert_eq!(
+        with_web.status(),
+        401,
+        "the web UI's cookie opened a session on its origin"
+    );
     // A page on the sessions' origin cannot change anything through the hub API.
     let forged = http
         .post(format!("{}/api/v1/projects", server.url))
