@@ -82,6 +82,24 @@ pub fn urlencode(s: &str) -> String {
         .collect()
 }
 
+/// Undoes [`urlencode`]; `None` for a malformed escape or bytes that are not UTF-8.
+pub fn urldecode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// An embedded file of a web UI: its type, revalidated on every use, never sniffed.
 pub fn static_asset(body: &'static str, content_type: &'static str) -> Response {
     let mut r = body.into_response();
@@ -162,6 +180,10 @@ mod tests {
         assert!(!token_shaped("") && !token_shaped("a/b") && !token_shaped(&"a".repeat(129)));
         assert!(same(&t, &t.clone()) && !same(&t, "x"));
         assert_eq!(urlencode("a b&c"), "a%20b%26c");
+        let next = "/projects/p 1?q=ä&x=/y";
+        assert_eq!(urldecode(&urlencode(next)).as_deref(), Some(next));
+        assert_eq!(urldecode("%zz"), None);
+        assert_eq!(urldecode("%4"), None);
         let page = login_link_page("P<x>", "e", "/l/\"x");
         assert_eq!(page.status(), 200);
     }

@@ -7,7 +7,7 @@
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use server_kit::oidc::{LOGIN_TTL_MS, OidcError, OidcProvider, login_key};
-use server_kit::web_auth::{cookie, set_cookie, token_shaped, urlencode};
+use server_kit::web_auth::{cookie, set_cookie, token_shaped, urldecode, urlencode};
 
 use super::session::local_path;
 use crate::Hub;
@@ -55,7 +55,7 @@ impl Hub {
         self.store
             .create_oidc_login(&started.key, &started.login, now, now + LOGIN_TTL_MS)
             .await?;
-        let secure = self.public_base().starts_with("https://");
+        let secure = self.secure_cookies();
         let mut response = Redirect::to(&started.redirect).into_response();
         let h = response.headers_mut();
         let age = LOGIN_TTL_MS / 1000;
@@ -124,7 +124,7 @@ impl Hub {
             .map_err(oidc_error)?;
         let user = self.user_of_identity(p, &claims).await?;
         let next = cookie(headers, NEXT_COOKIE)
-            .and_then(|n| percent_decode(&n))
+            .and_then(|n| urldecode(&n))
             .unwrap_or_else(|| "/".into());
         self.start_web_session(&user, &next).await
     }
@@ -175,34 +175,4 @@ fn oidc_error(e: OidcError) -> HubError {
         _ => axum::http::StatusCode::UNAUTHORIZED,
     };
     HubError::new(status, e.code(), e.to_string())
-}
-
-/// Undoes [`urlencode`]; `None` for anything that is not valid UTF-8 afterwards.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn next_round_trips_through_its_cookie() {
-        let next = "/projects/p 1?q=ä&x=/y";
-        let enc = server_kit::web_auth::urlencode(next);
-        assert_eq!(super::percent_decode(&enc).as_deref(), Some(next));
-        assert_eq!(super::percent_decode("%zz"), None);
-        assert_eq!(super::percent_decode("%4"), None);
-    }
 }

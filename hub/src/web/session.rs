@@ -93,7 +93,7 @@ impl Hub {
             .unwrap_or_else(|| format!("http://{}", self.config.listen))
     }
 
-    fn secure_cookies(&self) -> bool {
+    pub(crate) fn secure_cookies(&self) -> bool {
         self.public_base().starts_with("https://")
     }
 
