@@ -135,6 +135,42 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 /// log far below it).
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 16_384;
 
+/// Page cache of each SQLite connection, at most, in KiB (SQLite's default is 2,000): the
+/// index pages that writes keyed by hash touch at random stay cached between commits.
+const CACHE_KIB: u32 = 32 * 1024;
+
+/// The settings of every SQLite connection: write-ahead log, the busy timeout, foreign keys,
+/// checkpoints left to [`checkpoints`], durability, statement journals in memory (a
+/// statement of a savepoint's batch journals every page it changes first; on disk that is a
+/// temporary file created and removed per statement), and the page cache.
+async fn sqlite_settings(
+    conn: &mut sqlx::AnyConnection,
+    full_sync: bool,
+    cache_kib: u32,
+) -> Result<(), sqlx::Error> {
+    conn.execute("PRAGMA journal_mode = WAL").await?;
+    conn.execute("PRAGMA busy_timeout = 30000").await?;
+    conn.execute("PRAGMA foreign_keys = ON").await?;
+    conn.execute("PRAGMA temp_store = MEMORY").await?;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "PRAGMA cache_size = -{cache_kib}"
+    )))
+    .await?;
+    // Checkpoints run beside the writers (see `checkpoints`); a commit checkpoints itself only
+    // if they fall this far behind.
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}"
+    )))
+    .await?;
+    conn.execute(if full_sync {
+        "PRAGMA synchronous = FULL"
+    } else {
+        "PRAGMA synchronous = NORMAL"
+    })
+    .await?;
+    Ok(())
+}
+
 /// Copies the SQLite write-ahead log into the database file every [`CHECKPOINT_EVERY`] until
 /// the pool closes or its last [`SqlPool`] is gone (`alive`), so that no request's commit pays
 /// for a checkpoint (two fsyncs and the copy). Passive: it never waits for, or blocks, a
@@ -178,21 +214,7 @@ impl SqlPool {
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if dialect == Dialect::Sqlite {
-                        conn.execute("PRAGMA journal_mode = WAL").await?;
-                        conn.execute("PRAGMA busy_timeout = 30000").await?;
-                        conn.execute("PRAGMA foreign_keys = ON").await?;
-                        // Checkpoints run beside the writers (see `checkpoints`); a commit
-                        // checkpoints itself only if they fall this far behind.
-                        conn.execute(sqlx::AssertSqlSafe(format!(
-                            "PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}"
-                        )))
-                        .await?;
-                        conn.execute(if full_sync {
-                            "PRAGMA synchronous = FULL"
-                        } else {
-                            "PRAGMA synchronous = NORMAL"
-                        })
-                        .await?;
+                        sqlite_settings(conn, full_sync, CACHE_KIB).await?;
                     }
                     Ok(())
                 })

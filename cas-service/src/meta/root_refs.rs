@@ -237,23 +237,31 @@ impl Partition {
     }
 
     /// The rows that `select` (a `SELECT … FROM table WHERE <condition>`) finds in this
-    /// partition whose `column` is one of `keys`.
+    /// partition whose `column` is one of `keys` and, for a table keyed by domain, whose
+    /// `ref_domain` is one of `domains`: naming the domains lets both databases seek the
+    /// (partition, domain, key) index instead of reading every row of the partition.
     async fn rows_in<T>(
         &mut self,
         select: &str,
+        domains: Option<BTreeSet<&str>>,
         column: &str,
         keys: Vec<T>,
     ) -> Result<Vec<sqlx::any::AnyRow>, sqlx::Error>
     where
         T: for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + Send + 'static,
     {
-        let sql = format!(
-            "{select} AND app_id = $1 AND space_id = $2 AND {column} IN ({})",
-            placeholders(3, keys.len())
+        let sql = rows_in_sql(
+            select,
+            domains.as_ref().map_or(0, BTreeSet::len),
+            column,
+            keys.len(),
         );
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(self.app.as_str().to_string())
             .bind(self.space.as_str().to_string());
+        for domain in domains.into_iter().flatten() {
+            q = q.bind(domain.to_string());
+        }
         for key in keys {
             q = q.bind(key);
         }
@@ -270,6 +278,7 @@ impl Partition {
         self.rows_in(
             "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
              WHERE TRUE",
+            Some(domains_of(updates)),
             "request_id",
             ids.into_iter().map(str::to_string).collect(),
         )
@@ -295,6 +304,7 @@ impl Partition {
             .collect();
         self.rows_in(
             "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE revision_to IS NULL",
+            Some(domains_of(updates)),
             "hash",
             hashes.iter().map(hb).collect(),
         )
@@ -321,6 +331,7 @@ impl Partition {
             .collect();
         self.rows_in(
             "SELECT hash, root_ref_count, collecting_since FROM nodes WHERE TRUE",
+            None,
             "hash",
             hashes.iter().map(hb).collect(),
         )
@@ -335,6 +346,24 @@ impl Partition {
         })
         .collect()
     }
+}
+
+/// The statement of [`Partition::rows_in`]: `$1` and `$2` the partition, then `domains`
+/// domains (none: the table has no domain) and `keys` keys.
+fn rows_in_sql(select: &str, domains: usize, column: &str, keys: usize) -> String {
+    let by_domain = match domains {
+        0 => String::new(),
+        n => format!(" AND ref_domain IN ({})", placeholders(3, n)),
+    };
+    format!(
+        "{select} AND app_id = $1 AND space_id = $2{by_domain} AND {column} IN ({})",
+        placeholders(3 + domains, keys)
+    )
+}
+
+/// The domains the updates belong to.
+fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
+    updates.iter().map(|u| u.domain.as_str()).collect()
 }
 
 /// What an accepted update leaves for one hash: the node's count and the domain's balance.
@@ -437,4 +466,58 @@ fn check(
         });
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idempotency and balance lookups of a batch seek their index by (partition, domain,
+    /// key): without the domain they would read every request and every open balance the
+    /// partition ever had, once per batch.
+    #[tokio::test]
+    async fn batch_lookups_seek_by_domain_and_key() {
+        let dir = std::env::temp_dir().join(format!("unicas-plan-{}", std::process::id()));
+        let config = crate::config::Config {
+            data_dir: dir.clone(),
+            ..Default::default()
+        };
+        let store = super::super::MetaStore::connect(&config)
+            .await
+            .expect("store");
+        store.migrate().await.expect("migrate");
+        for (select, column, seek) in [
+            (
+                "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
+                 WHERE TRUE",
+                "request_id",
+                "ref_domain=? AND request_id=?",
+            ),
+            (
+                "SELECT ref_domain, hash, ref_count FROM root_ref_balances \
+                 WHERE revision_to IS NULL",
+                "hash",
+                "ref_domain=? AND hash=?",
+            ),
+        ] {
+            let sql = rows_in_sql(select, 2, column, 3);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
+            for _ in 0..7 {
+                q = q.bind("x");
+            }
+            let plan: Vec<String> = q
+                .fetch_all(store.pool())
+                .await
+                .expect("plan")
+                .iter()
+                .map(|r| r.try_get::<String, _>("detail").expect("detail"))
+                .collect();
+            assert!(
+                plan.iter().any(|step| step.contains(seek)),
+                "{column}: {plan:?}"
+            );
+        }
+        store.pool().close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
