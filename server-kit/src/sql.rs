@@ -146,14 +146,13 @@ const CACHE_KIB: u32 = 32 * 1024;
 async fn sqlite_settings(
     conn: &mut sqlx::AnyConnection,
     full_sync: bool,
-    cache_kib: u32,
 ) -> Result<(), sqlx::Error> {
     conn.execute("PRAGMA journal_mode = WAL").await?;
     conn.execute("PRAGMA busy_timeout = 30000").await?;
     conn.execute("PRAGMA foreign_keys = ON").await?;
     conn.execute("PRAGMA temp_store = MEMORY").await?;
     conn.execute(sqlx::AssertSqlSafe(format!(
-        "PRAGMA cache_size = -{cache_kib}"
+        "PRAGMA cache_size = -{CACHE_KIB}"
     )))
     .await?;
     // Checkpoints run beside the writers (see `checkpoints`); a commit checkpoints itself only
@@ -214,7 +213,7 @@ impl SqlPool {
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if dialect == Dialect::Sqlite {
-                        sqlite_settings(conn, full_sync, CACHE_KIB).await?;
+                        sqlite_settings(conn, full_sync).await?;
                     }
                     Ok(())
                 })

@@ -30,30 +30,27 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     r
 }
 
+/// The UI's files: address, body, content type.
+const FILES: [(&str, &str, &str); 5] = [
+    ("/admin/ui/", INDEX, "text/html; charset=utf-8"),
+    ("/admin/ui/app.js", APP_JS, "text/javascript; charset=utf-8"),
+    ("/admin/ui/app.css", APP_CSS, "text/css; charset=utf-8"),
+    (
+        "/admin/ui/common.js",
+        COMMON_JS,
+        "text/javascript; charset=utf-8",
+    ),
+    ("/admin/ui/base.css", BASE_CSS, "text/css; charset=utf-8"),
+];
+
 pub fn router() -> Router<Service> {
-    Router::new()
-        .route(
+    FILES.into_iter().fold(
+        Router::new().route(
             "/admin/ui",
             get(|| async { axum::response::Redirect::to("/admin/ui/") }),
-        )
-        .route(
-            "/admin/ui/",
-            get(|| async { asset(INDEX, "text/html; charset=utf-8") }),
-        )
-        .route(
-            "/admin/ui/app.js",
-            get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/admin/ui/app.css",
-            get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }),
-        )
-        .route(
-            "/admin/ui/common.js",
-            get(|| async { asset(COMMON_JS, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/admin/ui/base.css",
-            get(|| async { asset(BASE_CSS, "text/css; charset=utf-8") }),
-        )
+        ),
+        |router, (path, body, kind)| {
+            router.route(path, get(move || async move { asset(body, kind) }))
+        },
+    )
 }

@@ -276,8 +276,7 @@ impl Partition {
     ) -> Result<HashMap<(RefDomain, String), (Vec<u8>, i64)>, sqlx::Error> {
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
         self.rows_in(
-            "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
-             WHERE TRUE",
+            EARLIER_REQUESTS,
             Some(domains_of(updates)),
             "request_id",
             ids.into_iter().map(str::to_string).collect(),
@@ -303,7 +302,7 @@ impl Partition {
             .flat_map(|u| u.changes.keys().copied())
             .collect();
         self.rows_in(
-            "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE revision_to IS NULL",
+            OPEN_BALANCES,
             Some(domains_of(updates)),
             "hash",
             hashes.iter().map(hb).collect(),
@@ -347,6 +346,13 @@ impl Partition {
         .collect()
     }
 }
+
+/// The earlier requests among a batch's (for [`Partition::rows_in`], by `request_id`).
+const EARLIER_REQUESTS: &str =
+    "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests WHERE TRUE";
+/// The open balances of a batch's hashes (for [`Partition::rows_in`], by `hash`).
+const OPEN_BALANCES: &str =
+    "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE revision_to IS NULL";
 
 /// The statement of [`Partition::rows_in`]: `$1` and `$2` the partition, then `domains`
 /// domains (none: the table has no domain) and `keys` keys.
@@ -488,17 +494,11 @@ mod tests {
         store.migrate().await.expect("migrate");
         for (select, column, seek) in [
             (
-                "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
-                 WHERE TRUE",
+                EARLIER_REQUESTS,
                 "request_id",
                 "ref_domain=? AND request_id=?",
             ),
-            (
-                "SELECT ref_domain, hash, ref_count FROM root_ref_balances \
-                 WHERE revision_to IS NULL",
-                "hash",
-                "ref_domain=? AND hash=?",
-            ),
+            (OPEN_BALANCES, "hash", "ref_domain=? AND hash=?"),
         ] {
             let sql = rows_in_sql(select, 2, column, 3);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
