@@ -5,7 +5,7 @@ use cas_format::{AppId, Hash, SpaceId};
 
 use super::nodes::{NODE_COLUMNS, NodeRow, StoredObject, node_from_row};
 use super::usage::UsageDelta;
-use super::{MetaStore, Partition, hb, placeholders};
+use super::{Binds, MetaStore, Partition, hb};
 
 /// Bases named by one query at most.
 const BASES_PER_QUERY: usize = 500;
@@ -20,10 +20,12 @@ impl MetaStore {
     ) -> Result<Vec<NodeRow>, sqlx::Error> {
         let mut found = Vec::new();
         for part in bases.chunks(BASES_PER_QUERY) {
+            let mut b = Binds::new(self.dialect());
+            let (a, s) = (b.one(), b.one());
+            let bases = b.list(part.len());
             let sql = format!(
-                "SELECT {NODE_COLUMNS} FROM nodes WHERE app_id = $1 AND space_id = $2 \
-                 AND collecting_since IS NULL AND delta_base IN ({})",
-                placeholders(3, part.len())
+                "SELECT {NODE_COLUMNS} FROM nodes WHERE app_id = {a} AND space_id = {s} \
+                 AND collecting_since IS NULL AND delta_base IN ({bases})"
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(app.as_str())

@@ -6,7 +6,7 @@ use sqlx::Row;
 
 use super::generations::{GEN_COLUMNS, GenState, Generation, generation_from_row};
 use super::usage::UsageDelta;
-use super::{Partition, hash_col, hb, placeholders};
+use super::{Partition, hash_col, hb};
 
 /// A row marked as being collected, with what its sweep needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,15 +99,17 @@ impl Partition {
             marked.push(m);
         }
         if !fresh.is_empty() {
+            let mut b = self.binds();
+            let (since, a, s) = (b.one(), b.one(), b.one());
+            let hashes = b.list(fresh.len());
             let sql = format!(
-                "UPDATE nodes SET collecting_since = $3 WHERE app_id = $1 AND space_id = $2 \
-                 AND collecting_since IS NULL AND hash IN ({})",
-                placeholders(4, fresh.len())
+                "UPDATE nodes SET collecting_since = {since} WHERE app_id = {a} \
+                 AND space_id = {s} AND collecting_since IS NULL AND hash IN ({hashes})"
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(now)
                 .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(now);
+                .bind(space.as_str());
             for h in &fresh {
                 q = q.bind(hb(h));
             }

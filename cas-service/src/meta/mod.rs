@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use cas_format::{AppId, Hash, SpaceId};
 use server_kit::group_commit::{CommitObserver, GroupCommit, Operation};
-pub(crate) use server_kit::sql::placeholders;
+pub(crate) use server_kit::sql::Binds;
 use server_kit::sql::{PoolOptions, SqlPool, WriteTx};
 use sha2::{Digest, Sha256};
 use sqlx::any::AnyRow;
@@ -98,6 +98,7 @@ pub type Gate = WriteTx;
 /// partition mutations. Dropped without [`Partition::commit`], it changes nothing.
 pub struct Partition {
     op: Operation,
+    dialect: Dialect,
     pub app: AppId,
     pub space: SpaceId,
 }
@@ -110,6 +111,11 @@ impl Partition {
 
     pub(crate) fn tx(&mut self) -> &mut Transaction<'static, Any> {
         self.op.tx()
+    }
+
+    /// The placeholders of a new statement.
+    pub(crate) fn binds(&self) -> Binds {
+        Binds::new(self.dialect)
     }
 }
 
@@ -137,25 +143,6 @@ pub(crate) fn hash_col(row: &AnyRow, col: &str) -> Result<Hash, sqlx::Error> {
         index: col.to_string(),
         source: "not a 32-byte hash".into(),
     })
-}
-
-/// `rows` tuples of a VALUES list, comma-separated: tuple `i` gets the `width` numbered
-/// placeholders from `$first + width * i`, and `row` places them among the fixed ones.
-pub(crate) fn value_rows(
-    first: usize,
-    width: usize,
-    rows: usize,
-    row: impl Fn(&[String]) -> String,
-) -> String {
-    (0..rows)
-        .map(|i| {
-            let own: Vec<String> = (0..width)
-                .map(|k| format!("${}", first + width * i + k))
-                .collect();
-            row(&own)
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl MetaStore {
@@ -255,6 +242,7 @@ impl MetaStore {
         let op = self.group(app.as_str(), space.as_str()).hold(begin).await?;
         Ok(Partition {
             op,
+            dialect: self.dialect,
             app: app.clone(),
             space: space.clone(),
         })

@@ -7,7 +7,7 @@ use sqlx::any::AnyRow;
 
 use super::generations::{Evidence, GenState, Generation, decode_err};
 use super::usage::UsageDelta;
-use super::{MetaStore, Partition, hash_col, hb, placeholders};
+use super::{Binds, MetaStore, Partition, hash_col, hb};
 use crate::blob::Encoding;
 
 /// A node row. Presence without `collecting_since` is readiness.
@@ -164,6 +164,7 @@ pub enum FinalizeOutcome {
 /// The distinct refs among `refs` that are not ready, in order of first occurrence.
 async fn missing_children<'e, E>(
     executor: E,
+    mut b: Binds,
     app: &AppId,
     space: &SpaceId,
     refs: &[Hash],
@@ -176,10 +177,11 @@ where
     if distinct.is_empty() {
         return Ok(Vec::new());
     }
+    let (a, s) = (b.one(), b.one());
+    let hashes = b.list(distinct.len());
     let sql = format!(
-        "SELECT hash FROM nodes WHERE app_id = $1 AND space_id = $2 \
-         AND collecting_since IS NULL AND hash IN ({})",
-        placeholders(3, distinct.len())
+        "SELECT hash FROM nodes WHERE app_id = {a} AND space_id = {s} \
+         AND collecting_since IS NULL AND hash IN ({hashes})"
     );
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(app.as_str())
@@ -306,7 +308,8 @@ impl Partition {
     /// The distinct refs among `refs` that are not ready, in order of first occurrence.
     pub async fn missing_children(&mut self, refs: &[Hash]) -> Result<Vec<Hash>, sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        missing_children(&mut **self.tx(), &app, &space, refs).await
+        let b = self.binds();
+        missing_children(&mut **self.tx(), b, &app, &space, refs).await
     }
 
     /// Publishes a node from a validated generation whose object has been written: inserts the
@@ -458,18 +461,17 @@ impl Partition {
             return Ok(());
         }
         let (app, space) = (self.app.clone(), self.space.clone());
-        let values = (0..refs.len())
-            .map(|i| format!("($1, $2, $3, ${}, ${})", 4 + 2 * i, 5 + 2 * i))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = self.binds().rows(refs.len(), 5);
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO edges (app_id, space_id, parent, ord, child) VALUES {values}"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(parent));
+        )));
         for (i, child) in refs.iter().enumerate() {
-            q = q.bind(i as i64).bind(hb(child));
+            q = q
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(hb(parent))
+                .bind(i as i64)
+                .bind(hb(child));
         }
         q.execute(&mut **self.tx()).await?;
         let mut counts: Vec<(Hash, i64)> = Vec::new();

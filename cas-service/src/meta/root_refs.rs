@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
-use super::{Partition, hash_col, hb, id_col, placeholders, value_rows};
+use super::{Binds, Partition, hash_col, hb, id_col};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
 pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
@@ -54,7 +54,8 @@ enum Planned {
     Replayed(i64),
 }
 
-/// How many hashes one combined statement names at most (both databases bind far more).
+/// How many hashes one combined statement names at most: with seven values bound for each,
+/// within what both databases bind (SQLite 32,766, Postgres 65,535).
 pub const MAX_BATCH_HASHES: usize = 4000;
 
 impl Partition {
@@ -136,31 +137,38 @@ impl Partition {
                     .push((base + 1 + k as i64, r.balance));
             }
         }
-        let values = value_rows(3, 2, finals.len(), |p| format!("({})", p.join(", ")));
+        // Every statement binds its values in the order of its text (see `Binds`).
+        let mut b = self.binds();
+        let values = b.rows(finals.len(), 2);
+        let (a, s) = (b.one(), b.one());
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE nodes SET root_ref_count = v.column2 FROM (VALUES {values}) AS v \
-             WHERE nodes.app_id = $1 AND nodes.space_id = $2 AND nodes.hash = v.column1"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str());
+             WHERE nodes.app_id = {a} AND nodes.space_id = {s} AND nodes.hash = v.column1"
+        )));
         for (hash, count) in &finals {
             q = q.bind(hb(hash)).bind(*count);
         }
-        q.execute(&mut **self.tx()).await?;
+        q.bind(app.as_str())
+            .bind(space.as_str())
+            .execute(&mut **self.tx())
+            .await?;
         // The open balance of each (domain, hash) closes at the first revision that changes it.
-        let values = value_rows(3, 3, history.len(), |p| format!("({})", p.join(", ")));
+        let mut b = self.binds();
+        let values = b.rows(history.len(), 3);
+        let (a, s) = (b.one(), b.one());
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE root_ref_balances SET revision_to = v.column3 FROM (VALUES {values}) AS v \
-             WHERE root_ref_balances.app_id = $1 AND root_ref_balances.space_id = $2 \
+             WHERE root_ref_balances.app_id = {a} AND root_ref_balances.space_id = {s} \
              AND root_ref_balances.revision_to IS NULL \
              AND root_ref_balances.ref_domain = v.column1 AND root_ref_balances.hash = v.column2"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str());
+        )));
         for ((domain, hash), revisions) in &history {
             q = q.bind(domain.as_str()).bind(hb(hash)).bind(revisions[0].0);
         }
-        q.execute(&mut **self.tx()).await?;
+        q.bind(app.as_str())
+            .bind(space.as_str())
+            .execute(&mut **self.tx())
+            .await?;
         // Then one row per non-zero balance, open until the next revision that changes it.
         let rows: Vec<(&RefDomain, &Hash, i64, i64, Option<i64>)> = history
             .iter()
@@ -175,15 +183,15 @@ impl Partition {
             })
             .collect();
         if !rows.is_empty() {
-            let values = value_rows(3, 5, rows.len(), |p| format!("($1, $2, {})", p.join(", ")));
+            let values = self.binds().rows(rows.len(), 7);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count, \
                  revision_from, revision_to) VALUES {values}"
-            )))
-            .bind(app.as_str())
-            .bind(space.as_str());
+            )));
             for (domain, hash, count, from, to) in rows {
                 q = q
+                    .bind(app.as_str())
+                    .bind(space.as_str())
                     .bind(domain.as_str())
                     .bind(hb(hash))
                     .bind(count)
@@ -192,41 +200,36 @@ impl Partition {
             }
             q.execute(&mut **self.tx()).await?;
         }
-        let values = value_rows(4, 5, steps.len(), |p| {
-            format!(
-                "($1, {}, $2, {}, {}, {}, {}, $3)",
-                p[0], p[1], p[2], p[3], p[4]
-            )
-        });
+        let values = self.binds().rows(steps.len(), 8);
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO root_ref_events (app_id, revision, space_id, ref_domain, request_id, \
+            "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
              changes, actor, applied_at) VALUES {values}"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(now);
+        )));
         for (k, step) in steps.iter().enumerate() {
             let u = &updates[step.update];
             let changes_json =
                 serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
             q = q
+                .bind(app.as_str())
+                .bind(space.as_str())
                 .bind(base + 1 + k as i64)
                 .bind(u.domain.as_str())
                 .bind(u.request_id.as_str())
                 .bind(changes_json)
-                .bind(u.actor);
+                .bind(u.actor)
+                .bind(now);
         }
         q.execute(&mut **self.tx()).await?;
-        let values = value_rows(3, 4, steps.len(), |p| format!("($1, $2, {})", p.join(", ")));
+        let values = self.binds().rows(steps.len(), 6);
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO root_ref_requests \
              (app_id, space_id, ref_domain, request_id, payload_hash, revision) VALUES {values}"
-        )))
-        .bind(app.as_str())
-        .bind(space.as_str());
+        )));
         for (k, step) in steps.iter().enumerate() {
             let u = &updates[step.update];
             q = q
+                .bind(app.as_str())
+                .bind(space.as_str())
                 .bind(u.domain.as_str())
                 .bind(u.request_id.as_str())
                 .bind(hb(u.payload_hash))
@@ -251,6 +254,7 @@ impl Partition {
         T: for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + Send + 'static,
     {
         let sql = rows_in_sql(
+            self.binds(),
             select,
             domains.as_ref().map_or(0, BTreeSet::len),
             column,
@@ -354,17 +358,16 @@ const EARLIER_REQUESTS: &str =
 const OPEN_BALANCES: &str =
     "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE revision_to IS NULL";
 
-/// The statement of [`Partition::rows_in`]: `$1` and `$2` the partition, then `domains`
-/// domains (none: the table has no domain) and `keys` keys.
-fn rows_in_sql(select: &str, domains: usize, column: &str, keys: usize) -> String {
+/// The statement of [`Partition::rows_in`]: the partition, then `domains` domains (none: the
+/// table has no domain) and `keys` keys.
+fn rows_in_sql(mut b: Binds, select: &str, domains: usize, column: &str, keys: usize) -> String {
+    let (a, s) = (b.one(), b.one());
     let by_domain = match domains {
         0 => String::new(),
-        n => format!(" AND ref_domain IN ({})", placeholders(3, n)),
+        n => format!(" AND ref_domain IN ({})", b.list(n)),
     };
-    format!(
-        "{select} AND app_id = $1 AND space_id = $2{by_domain} AND {column} IN ({})",
-        placeholders(3 + domains, keys)
-    )
+    let keys = b.list(keys);
+    format!("{select} AND app_id = {a} AND space_id = {s}{by_domain} AND {column} IN ({keys})")
 }
 
 /// The domains the updates belong to.
@@ -476,6 +479,7 @@ fn check(
 
 #[cfg(test)]
 mod tests {
+    use super::super::Dialect;
     use super::*;
 
     /// The idempotency and balance lookups of a batch seek their index by (partition, domain,
@@ -500,7 +504,7 @@ mod tests {
             ),
             (OPEN_BALANCES, "hash", "ref_domain=? AND hash=?"),
         ] {
-            let sql = rows_in_sql(select, 2, column, 3);
+            let sql = rows_in_sql(Binds::new(Dialect::Sqlite), select, 2, column, 3);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
             for _ in 0..7 {
                 q = q.bind("x");
