@@ -156,6 +156,16 @@ impl Drop for Process {
     }
 }
 
+/// Bytes a process has passed to `write` and its kin so far (`wchar` of `/proc/<pid>/io`):
+/// for the service, its database's write-ahead log and checkpoints and its objects.
+pub fn proc_written_bytes(pid: u32) -> anyhow::Result<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no wchar in /proc/{pid}/io"))
+}
+
 /// A field of `/proc/PID/status`, in KiB (`VmHWM:` the peak resident memory, `VmRSS:` the
 /// current one).
 pub fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {

@@ -10,9 +10,10 @@
 //! - ready-lease renewals per second (15-minute claims, renewed continuously: most are answered
 //!   from the running lease without a write), beside `GET /healthz` of the same server under
 //!   the same load generator, and lease extensions that each write;
-//! - root-ref updates per second, 10 changes each;
+//! - root-ref updates per second, 10 changes each, and the bytes the server wrote per update
+//!   (`wchar` of its `/proc/<pid>/io`: on SQLite, its write-ahead log and checkpoints);
 //! - small-node (1 KiB) uploads per second (lease, PUT, lease), and nodes stored per second
-//!   by batch leases of 100 nodes carried inline;
+//!   by batch leases of 100 nodes carried inline, with the bytes written per node;
 //! - GC deletions per second;
 //! - single-row durable commits per second that the same database reaches on the same disk
 //!   (its own table, the service's pool settings, the same load generator): whether commits
@@ -135,8 +136,12 @@ struct Figures {
     extensions: f64,
     root_refs: f64,
     root_ref_commits: String,
+    /// Bytes the server wrote per root-ref update (its database's log and checkpoints).
+    root_ref_written: f64,
     uploads: f64,
     batched_uploads: f64,
+    /// Bytes the server wrote per node stored by batch leases (rows and objects).
+    batched_written: f64,
     gc_deletions: f64,
     commits: f64,
     rss_before_mib: f64,
@@ -225,6 +230,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         f.extensions = short.len() as f64 / start.elapsed().as_secs_f64();
     }
     let before = Commits::read(&metrics, &server.url).await?;
+    let written = tests::proc_written_bytes(pid)?;
     {
         let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
         f.root_refs = throughput(move |i| {
@@ -242,6 +248,8 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         .await?;
     }
     f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
+    f.root_ref_written =
+        (tests::proc_written_bytes(pid)? - written) as f64 / (f.root_refs * PHASE.as_secs_f64());
     {
         let (client, sp) = (client.clone(), sp.clone());
         f.uploads = throughput(move |i| {
@@ -256,6 +264,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         })
         .await?;
     }
+    let written = tests::proc_written_bytes(pid)?;
     {
         let (client, sp) = (client.clone(), sp.clone());
         f.batched_uploads = BATCH as f64
@@ -292,6 +301,8 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
             })
             .await?;
     }
+    f.batched_written = (tests::proc_written_bytes(pid)? - written) as f64
+        / (f.batched_uploads * PHASE.as_secs_f64());
     // GC: everything uploaded above with a 1 s lease (the server's minimum in tests).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let start = Instant::now();
@@ -545,6 +556,16 @@ async fn main() -> anyhow::Result<()> {
             );
             if what.starts_with("root-ref") {
                 println!("    {}", f.root_ref_commits);
+                println!(
+                    "    the server wrote {:.1} KiB an update (its database's log and checkpoints)",
+                    f.root_ref_written / 1024.0
+                );
+            }
+            if what.starts_with("small nodes stored") {
+                println!(
+                    "    the server wrote {:.1} KiB a node (rows and objects)",
+                    f.batched_written / 1024.0
+                );
             }
         }
         println!("  {:<44} {:>9.0} /s", "GC deletions", f.gc_deletions);
