@@ -386,24 +386,33 @@ mod tests {
         assert_eq!(b.list(3), "?, ?, ?");
     }
 
-    /// Anonymous placeholders take the values in the order of the text, including values
-    /// after a `VALUES` list (as the multi-row updates bind them).
-    #[tokio::test]
-    async fn sqlite_binds_follow_the_text() {
-        let dir = std::env::temp_dir().join(format!("server-kit-binds-{}", std::process::id()));
+    /// A SQLite pool in a directory of its own (removed by the caller) with a table `t` of
+    /// `columns`.
+    async fn table_t(name: &str, connections: u32, columns: &str) -> (SqlPool, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("server-kit-{name}-{}", std::process::id()));
         let pool = SqlPool::connect(PoolOptions {
             url: format!("sqlite://{}/t.db?mode=rwc", dir.display()),
-            max_connections: 1,
-            sqlite_full_sync: false,
+            max_connections: connections,
+            sqlite_full_sync: true,
             create_dir: Some(dir.clone()),
         })
         .await
         .expect("pool");
         let mut w = pool.write().await.expect("write");
-        sqlx::query("CREATE TABLE t (k TEXT, n INTEGER, v INTEGER)")
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE t ({columns})")))
             .execute(w.conn())
             .await
             .expect("create");
+        w.commit().await.expect("commit");
+        (pool, dir)
+    }
+
+    /// Anonymous placeholders take the values in the order of the text, including values
+    /// after a `VALUES` list (as the multi-row updates bind them).
+    #[tokio::test]
+    async fn sqlite_binds_follow_the_text() {
+        let (pool, dir) = table_t("binds", 1, "k TEXT, n INTEGER, v INTEGER").await;
+        let mut w = pool.write().await.expect("write");
         let mut b = Binds::new(Dialect::Sqlite);
         let values = b.rows(3, 3);
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -436,21 +445,7 @@ mod tests {
 
     #[tokio::test]
     async fn writers_of_one_sqlite_file_take_turns() {
-        let dir = std::env::temp_dir().join(format!("server-kit-{}", std::process::id()));
-        let pool = SqlPool::connect(PoolOptions {
-            url: format!("sqlite://{}/t.db?mode=rwc", dir.display()),
-            max_connections: 4,
-            sqlite_full_sync: true,
-            create_dir: Some(dir.clone()),
-        })
-        .await
-        .expect("pool");
-        let mut w = pool.write().await.expect("write");
-        sqlx::query("CREATE TABLE t (n INTEGER)")
-            .execute(w.conn())
-            .await
-            .expect("create");
-        w.commit().await.expect("commit");
+        let (pool, dir) = table_t("writers", 4, "n INTEGER").await;
         let writes = (0..8).map(|i| {
             let pool = pool.clone();
             tokio::spawn(async move {

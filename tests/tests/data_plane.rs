@@ -468,6 +468,54 @@ async fn usage_matches_a_recount(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A node with more refs than one statement names (the operator raised the limit): every
+/// edge is kept, in order, and counted on its child.
+async fn wide_nodes_keep_every_edge(b: Backend) -> anyhow::Result<()> {
+    const DISTINCT: usize = 1100;
+    const REFS: usize = 14_000;
+    let mut env = TestEnv::new(b).await?;
+    env.set("UNICAS_NODE_MAX_REFS", REFS as u64);
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let leaves: Vec<(Hash, bytes::Bytes)> = (0..DISTINCT as u32)
+        .map(|i| leaf(&i.to_le_bytes()))
+        .collect();
+    for group in leaves.chunks(50) {
+        let mut uploads = tokio::task::JoinSet::new();
+        for (h, bytes) in group {
+            let (client, sp, h, bytes) = (client.clone(), sp.clone(), *h, bytes.clone());
+            uploads.spawn(async move { client.ensure_node(&sp, &h, &bytes, LEASE).await });
+        }
+        while let Some(done) = uploads.join_next().await {
+            done??;
+        }
+    }
+    let refs: Vec<Hash> = (0..REFS).map(|i| leaves[i % DISTINCT].0).collect();
+    let (parent, bytes) = node("application/x-test", &refs, b"wide");
+    client.ensure_node(&sp, &parent, &bytes, LEASE).await?;
+    for k in [0, 299, 300, DISTINCT - 1] {
+        let expected = (0..REFS).filter(|i| i % DISTINCT == k).count() as i64;
+        let state = client.read_metadata(&sp, &leaves[k].0).await?.state;
+        assert_eq!(state.child_ref_count, expected, "child {k}");
+    }
+    let db = env.database().await?;
+    use sqlx::Row;
+    let row = sqlx::query(
+        "SELECT COUNT(*) AS n, MIN(ord) AS lo, MAX(ord) AS hi FROM edges \
+         WHERE app_id = 'hub' AND space_id = 's'",
+    )
+    .fetch_one(&db)
+    .await?;
+    assert_eq!(row.try_get::<i64, _>("n")?, REFS as i64);
+    assert_eq!(row.try_get::<i64, _>("lo")?, 0);
+    assert_eq!(row.try_get::<i64, _>("hi")?, REFS as i64 - 1);
+    // fsck recounts every child's count from the edges.
+    env.assert_consistent("hub")?;
+    Ok(())
+}
+
 /// Compression at rest: stored bytes shrink, readers (whole and ranges) see the content.
 async fn compression_at_rest(b: Backend) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
@@ -523,4 +571,5 @@ e2e!(
     upload_rejections,
     upload_urls_are_write_once_and_signed,
     usage_matches_a_recount,
+    wide_nodes_keep_every_edge,
 );

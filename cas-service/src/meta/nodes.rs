@@ -7,7 +7,7 @@ use sqlx::any::AnyRow;
 
 use super::generations::{Evidence, GenState, Generation, decode_err};
 use super::usage::UsageDelta;
-use super::{Binds, MetaStore, Partition, hash_col, hb};
+use super::{MetaStore, Partition, hash_col, hb};
 use crate::blob::Encoding;
 
 /// A node row. Presence without `collecting_since` is readiness.
@@ -161,45 +161,10 @@ pub enum FinalizeOutcome {
     DeltaBaseGone,
 }
 
-/// The distinct refs among `refs` that are not ready, in order of first occurrence.
-async fn missing_children<'e, E>(
-    executor: E,
-    mut b: Binds,
-    app: &AppId,
-    space: &SpaceId,
-    refs: &[Hash],
-) -> Result<Vec<Hash>, sqlx::Error>
-where
-    E: sqlx::Executor<'e, Database = sqlx::Any>,
-{
-    let mut seen = std::collections::HashSet::new();
-    let distinct: Vec<Hash> = refs.iter().copied().filter(|h| seen.insert(*h)).collect();
-    if distinct.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (a, s) = (b.one(), b.one());
-    let hashes = b.list(distinct.len());
-    let sql = format!(
-        "SELECT hash FROM nodes WHERE app_id = {a} AND space_id = {s} \
-         AND collecting_since IS NULL AND hash IN ({hashes})"
-    );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(app.as_str())
-        .bind(space.as_str());
-    for h in &distinct {
-        q = q.bind(hb(h));
-    }
-    let ready: std::collections::HashSet<Hash> = q
-        .fetch_all(executor)
-        .await?
-        .iter()
-        .map(|r| hash_col(r, "hash"))
-        .collect::<Result<_, _>>()?;
-    Ok(distinct
-        .into_iter()
-        .filter(|h| !ready.contains(h))
-        .collect())
-}
+/// A node's refs one statement names at most: their number is the operator's to raise
+/// (`UNICAS_NODE_MAX_REFS`), and SQLite binds at most 32,766 values a statement (an edge row
+/// binds five).
+const REFS_PER_STATEMENT: usize = 1000;
 
 impl MetaStore {
     /// A node row, ready or being collected.
@@ -308,8 +273,30 @@ impl Partition {
     /// The distinct refs among `refs` that are not ready, in order of first occurrence.
     pub async fn missing_children(&mut self, refs: &[Hash]) -> Result<Vec<Hash>, sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        let b = self.binds();
-        missing_children(&mut **self.tx(), b, &app, &space, refs).await
+        let mut seen = std::collections::HashSet::new();
+        let distinct: Vec<Hash> = refs.iter().copied().filter(|h| seen.insert(*h)).collect();
+        let mut ready = std::collections::HashSet::new();
+        for part in distinct.chunks(REFS_PER_STATEMENT) {
+            let mut b = self.binds();
+            let (a, s) = (b.one(), b.one());
+            let hashes = b.list(part.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT hash FROM nodes WHERE app_id = {a} AND space_id = {s} \
+                 AND collecting_since IS NULL AND hash IN ({hashes})"
+            )))
+            .bind(app.as_str())
+            .bind(space.as_str());
+            for h in part {
+                q = q.bind(hb(h));
+            }
+            for r in q.fetch_all(&mut **self.tx()).await? {
+                ready.insert(hash_col(&r, "hash")?);
+            }
+        }
+        Ok(distinct
+            .into_iter()
+            .filter(|h| !ready.contains(h))
+            .collect())
     }
 
     /// Publishes a node from a validated generation whose object has been written: inserts the
@@ -461,19 +448,21 @@ impl Partition {
             return Ok(());
         }
         let (app, space) = (self.app.clone(), self.space.clone());
-        let values = self.binds().rows(refs.len(), 5);
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO edges (app_id, space_id, parent, ord, child) VALUES {values}"
-        )));
-        for (i, child) in refs.iter().enumerate() {
-            q = q
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(hb(parent))
-                .bind(i as i64)
-                .bind(hb(child));
+        for (part, children) in refs.chunks(REFS_PER_STATEMENT).enumerate() {
+            let values = self.binds().rows(children.len(), 5);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO edges (app_id, space_id, parent, ord, child) VALUES {values}"
+            )));
+            for (i, child) in children.iter().enumerate() {
+                q = q
+                    .bind(app.as_str())
+                    .bind(space.as_str())
+                    .bind(hb(parent))
+                    .bind((part * REFS_PER_STATEMENT + i) as i64)
+                    .bind(hb(child));
+            }
+            q.execute(&mut **self.tx()).await?;
         }
-        q.execute(&mut **self.tx()).await?;
         let mut counts: Vec<(Hash, i64)> = Vec::new();
         for child in refs {
             match counts.iter_mut().find(|(h, _)| h == child) {
