@@ -56,6 +56,15 @@ pub fn lease_window(started: i64, expires: i64, now: i64, duration: i64) -> (i64
     }
 }
 
+/// The refusal of an upload beyond the Space's limit of uploads in progress.
+pub(crate) fn upload_limit() -> ApiError {
+    ApiError::too_many(
+        "CAS_UPLOAD_LIMIT",
+        "too many uploads are in progress in this Space; finish or let some expire",
+        5,
+    )
+}
+
 impl Service {
     async fn presigned_target(
         &self,
@@ -288,14 +297,36 @@ impl Service {
         upload_bytes: Option<u64>,
         attempt: i64,
     ) -> ApiResult<Generation> {
-        let limit = self.config.max_active_uploads;
-        if limit > 0 && p.count_active_generations(now).await? >= limit as i64 {
-            return Err(ApiError::too_many(
-                "CAS_UPLOAD_LIMIT",
-                "too many uploads are in progress in this Space; finish or let some expire",
-                5,
-            ));
+        if self.upload_slots(p, now).await? == Some(0) {
+            return Err(upload_limit());
         }
+        let g = self.generation_for(hash, now, upload_bytes, attempt);
+        p.create_generation(&g).await?;
+        Ok(g)
+    }
+
+    /// How many more uploads the Space may have in progress; `None` without a limit.
+    pub(crate) async fn upload_slots(
+        &self,
+        p: &mut Partition,
+        now: i64,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let limit = self.config.max_active_uploads;
+        if limit == 0 {
+            return Ok(None);
+        }
+        let active = p.count_active_generations(now).await?.max(0) as u64;
+        Ok(Some(limit.saturating_sub(active)))
+    }
+
+    /// A new upload generation of a node, awaiting its upload; not recorded yet.
+    pub(crate) fn generation_for(
+        &self,
+        hash: &Hash,
+        now: i64,
+        upload_bytes: Option<u64>,
+        attempt: i64,
+    ) -> Generation {
         let max = self.config.node_max_bytes;
         let target = TargetKind::choose(
             self.blobs.presigns(),
@@ -303,7 +334,7 @@ impl Service {
             self.config.small_upload_bytes,
             max,
         );
-        let g = Generation {
+        Generation {
             gen_id: ulid::Ulid::generate().to_string(),
             hash: *hash,
             state: GenState::AwaitingUpload,
@@ -314,9 +345,7 @@ impl Service {
             reserved_bytes: upload_bytes.unwrap_or(max).min(max) as i64,
             evidence: None,
             attempt,
-        };
-        p.create_generation(&g).await?;
-        Ok(g)
+        }
     }
 
     /// Reads and checks the uploaded bytes of `g` and publishes the node if every child is

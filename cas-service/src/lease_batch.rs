@@ -11,6 +11,8 @@
 //! partition operations meet in the metadata store's batch commits
 //! ([`server_kit::group_commit`]).
 
+use std::collections::HashSet;
+
 use axum::http::StatusCode;
 use base64::Engine;
 use bytes::Bytes;
@@ -22,9 +24,9 @@ use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
 use crate::error::{ApiError, ApiResult};
-use crate::lease::{check_lease_duration, lease_window};
+use crate::lease::{check_lease_duration, lease_window, upload_limit};
 use crate::materialize::MaterializeError;
-use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, StoredObject};
+use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Publication, StoredObject};
 use crate::{Service, now_ms};
 
 /// Elements of one batch in flight at once.
@@ -331,61 +333,80 @@ impl Service {
     }
 
     /// The first operation: extends the leases of nodes already stored and records a validated
-    /// generation for each new one.
+    /// generation for each new one, a few statements for the whole group.
     async fn begin_inline(
         &self,
         app: &AppId,
         space: &SpaceId,
         inline: Vec<Inline>,
-        answers: &mut Vec<(usize, ApiResult<LeaseResponse>)>,
+        answers: &mut Answers,
         one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
     ) -> ApiResult<Vec<Staged>> {
         let now = now_ms();
         let mut p = self.meta.gate(app, space).await?;
-        let mut staged = Vec::new();
+        let hashes: Vec<Hash> = inline.iter().map(|n| n.element.hash).collect();
+        let mut rows = p.nodes(&hashes).await?;
+        let mut leases = Vec::new();
+        let mut new = Vec::new();
         for node in inline {
             let hash = node.element.hash;
-            let duration = self.config.clamp_lease(node.element.lease_duration_ms) as i64;
-            if let Some(row) = p.node(&hash).await?
-                && row.is_ready()
-            {
-                let (started, expires) =
-                    lease_window(row.lease_started_at, row.lease_expires_at, now, duration);
-                if (started, expires) != (row.lease_started_at, row.lease_expires_at) {
-                    p.set_lease(&hash, started, expires).await?;
-                }
-                answers.push((
-                    node.index,
-                    Ok(LeaseResponse::Ready {
-                        hash,
-                        lease_started_at: started,
-                        lease_expires_at: expires,
-                    }),
-                ));
+            let Some(row) = rows.get_mut(&hash).filter(|r| r.is_ready()) else {
+                new.push(node);
                 continue;
+            };
+            let duration = self.config.clamp_lease(node.element.lease_duration_ms) as i64;
+            let (started, expires) =
+                lease_window(row.lease_started_at, row.lease_expires_at, now, duration);
+            if (started, expires) != (row.lease_started_at, row.lease_expires_at) {
+                (row.lease_started_at, row.lease_expires_at) = (started, expires);
+                leases.retain(|(h, _, _)| *h != hash);
+                leases.push((hash, started, expires));
             }
-            if p.active_generation(&hash).await?.is_some() {
+            answers.push((
+                node.index,
+                Ok(LeaseResponse::Ready {
+                    hash,
+                    lease_started_at: started,
+                    lease_expires_at: expires,
+                }),
+            ));
+        }
+        p.set_leases(&leases).await?;
+        // A node with an upload under way, or twice in the group, goes one by one.
+        let new_hashes: Vec<Hash> = new.iter().map(|n| n.element.hash).collect();
+        let active = p.active_generations(&new_hashes).await?;
+        let mut seen = HashSet::new();
+        let mut slots = if new.is_empty() {
+            None
+        } else {
+            self.upload_slots(&mut p, now).await?
+        };
+        let mut staged = Vec::new();
+        for node in new {
+            let hash = node.element.hash;
+            if active.contains_key(&hash) || !seen.insert(hash) {
                 one_by_one.push(node.back_to_single());
                 continue;
             }
-            let generation = match self
-                .new_generation(&mut p, &hash, now, Some(node.canonical_len), 1)
-                .await
-            {
-                Ok(g) => g,
-                Err(e) => {
-                    answers.push((node.index, Err(e)));
+            if let Some(left) = slots.as_mut() {
+                if *left == 0 {
+                    answers.push((node.index, Err(upload_limit())));
                     continue;
                 }
-            };
-            self.record_validated(&mut p, &generation, &node.evidence, node.canonical_len)
-                .await?;
+                *left -= 1;
+            }
+            let mut generation = self.generation_for(&hash, now, Some(node.canonical_len), 1);
+            generation.state = GenState::Validated;
+            generation.reserved_bytes = node.canonical_len as i64;
+            generation.evidence = Some(node.evidence.clone());
             staged.push(Staged {
                 node,
                 generation,
                 object: None,
             });
         }
+        let generations: Vec<Generation> = staged.iter().map(|s| s.generation.clone()).collect();
+        p.create_generations(&generations).await?;
         p.commit().await?;
         Ok(staged)
     }
@@ -420,76 +441,64 @@ impl Service {
     ) -> Result<(Answers, Vec<Staged>), (Vec<usize>, ApiError)> {
         let indices: Vec<usize> = written.iter().map(|s| s.node.index).collect();
         let failed = |e: ApiError| (indices.clone(), e);
-        let now = now_ms();
-        let mut p = self
-            .meta
-            .gate(app, space)
-            .await
-            .map_err(|e| failed(e.into()))?;
+        let written: Vec<(Staged, StoredObject)> = written
+            .into_iter()
+            .filter_map(|s| s.object.clone().map(|o| (s, o)))
+            .collect();
+        let publications: Vec<Publication> = written
+            .iter()
+            .map(|(s, stored)| Publication {
+                generation: &s.generation,
+                evidence: &s.node.evidence,
+                stored: stored.clone(),
+                lease_ms: self.config.clamp_lease(s.node.element.lease_duration_ms) as i64,
+            })
+            .collect();
+        let outcomes = async {
+            let mut p = self.meta.gate(app, space).await?;
+            let outcomes = p.finalize_many(&publications, now_ms()).await?;
+            p.commit().await?;
+            Ok::<_, sqlx::Error>(outcomes)
+        }
+        .await
+        .map_err(|e| failed(e.into()))?;
+        drop(publications);
         let mut answers = Vec::new();
-        let mut retired = Vec::new();
-        let mut unused = Vec::new();
         let mut based_on_gone = Vec::new();
-        let mut remaining = written;
-        loop {
-            let mut waiting = Vec::new();
-            let before = remaining.len();
-            for s in remaining {
-                let Some(stored) = s.object.clone() else {
-                    continue;
-                };
-                let duration = self.config.clamp_lease(s.node.element.lease_duration_ms) as i64;
-                let wrote_object = stored.held.is_none();
-                let outcome = p
-                    .finalize(&s.generation, &s.node.evidence, stored, now, duration)
-                    .await
-                    .map_err(|e| failed(e.into()))?;
-                let hash = s.generation.hash;
-                match outcome {
-                    FinalizeOutcome::Published { started, expires }
-                    | FinalizeOutcome::AlreadyReady { started, expires } => {
-                        if matches!(outcome, FinalizeOutcome::AlreadyReady { .. }) && wrote_object {
-                            unused.push(s.generation.clone());
-                        }
-                        answers.push((
-                            s.node.index,
-                            Ok(LeaseResponse::Ready {
-                                hash,
-                                lease_started_at: started,
-                                lease_expires_at: expires,
-                            }),
-                        ))
+        for ((s, stored), outcome) in written.into_iter().zip(outcomes) {
+            let wrote_object = stored.held.is_none();
+            let hash = s.generation.hash;
+            match outcome {
+                FinalizeOutcome::Published { started, expires }
+                | FinalizeOutcome::AlreadyReady { started, expires } => {
+                    // Published by another request first: this object is unused.
+                    if matches!(outcome, FinalizeOutcome::AlreadyReady { .. }) && wrote_object {
+                        self.discard_attempt(app, space, &s.generation, true).await;
                     }
-                    FinalizeOutcome::MissingChildren(missing) => waiting.push((s, missing)),
-                    FinalizeOutcome::GenerationGone => retired.push(s),
-                    FinalizeOutcome::DeltaBaseGone => based_on_gone.push(s),
-                }
-            }
-            if waiting.is_empty() || waiting.len() == before {
-                // Done, or no child among the waiting ones arrived in this batch: they wait
-                // for their children with their bytes staged, as an upload would.
-                p.commit().await.map_err(|e| failed(e.into()))?;
-                for (s, missing) in waiting {
                     answers.push((
                         s.node.index,
-                        self.stage_waiting(app, space, &s, missing).await,
-                    ));
+                        Ok(LeaseResponse::Ready {
+                            hash,
+                            lease_started_at: started,
+                            lease_expires_at: expires,
+                        }),
+                    ))
                 }
-                break;
+                // No child arrived in this group: it waits for them with its bytes staged, as
+                // an upload would.
+                FinalizeOutcome::MissingChildren(missing) => {
+                    let answer = self.stage_waiting(app, space, &s, missing).await;
+                    answers.push((s.node.index, answer));
+                }
+                // GC retired the generation while its object was written: the object is ours
+                // to remove, and the element starts over one by one.
+                FinalizeOutcome::GenerationGone => {
+                    self.discard_attempt(app, space, &s.generation, wrote_object)
+                        .await;
+                    one_by_one.push(s.node.back_to_single());
+                }
+                FinalizeOutcome::DeltaBaseGone => based_on_gone.push(s),
             }
-            remaining = waiting.into_iter().map(|(s, _)| s).collect();
-        }
-        // Published by another request first: these objects are unused.
-        for g in unused {
-            self.discard_attempt(app, space, &g, true).await;
-        }
-        // GC retired these generations while their objects were written: the objects are ours
-        // to remove, and the elements start over one by one.
-        for s in retired {
-            let wrote_object = s.object.as_ref().is_some_and(|o| o.held.is_none());
-            self.discard_attempt(app, space, &s.generation, wrote_object)
-                .await;
-            one_by_one.push(s.node.back_to_single());
         }
         Ok((answers, based_on_gone))
     }

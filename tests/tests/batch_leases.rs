@@ -102,6 +102,66 @@ async fn small_nodes_in_one_request(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A tree of three levels in one group of inline nodes, parents first, a leaf shared by two
+/// parents and listed twice: every node is published by the same request (children before
+/// parents), each child counted once per edge; leased again inline for longer, every lease is
+/// extended and kept.
+async fn a_tree_in_one_group(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let leaves: Vec<(Hash, bytes::Bytes)> = (0..5u8).map(|i| leaf(&[b'l', i])).collect();
+    let (m1, m1_b) = node(
+        "application/x-test",
+        &[leaves[0].0, leaves[1].0, leaves[2].0],
+        b"m1",
+    );
+    let (m2, m2_b) = node(
+        "application/x-test",
+        &[leaves[2].0, leaves[3].0, leaves[4].0],
+        b"m2",
+    );
+    let (root, root_b) = node("application/x-test", &[m1, m2, m1], b"root");
+    let mut elements = vec![inline(root, &root_b), inline(m2, &m2_b), inline(m1, &m1_b)];
+    elements.extend(leaves.iter().map(|(h, p)| inline(*h, p)));
+    elements.push(inline(leaves[2].0, &leaves[2].1));
+    let results = client.lease_batch(&sp, elements.clone()).await?;
+    assert!(results.iter().all(ready), "{results:?}");
+    assert_eq!(client.usage(&sp).await?.node_count, 8);
+    assert_eq!(&client.read_node(&sp, &root).await?[..], b"root");
+    let meta = env.meta().await?;
+    env.check_invariants(&meta, &app.app).await?;
+    let longer = |e: &BatchLeaseElement| BatchLeaseElement {
+        lease_duration_ms: 2 * LEASE,
+        ..e.clone()
+    };
+    let expiry = |r: &BatchLeaseResult| match r {
+        BatchLeaseResult::Lease(LeaseResponse::Ready {
+            lease_expires_at, ..
+        }) => *lease_expires_at,
+        other => panic!("{other:?}"),
+    };
+    let before: Vec<i64> = results.iter().map(expiry).collect();
+    let extended = client
+        .lease_batch(&sp, elements.iter().map(longer).collect())
+        .await?;
+    let after: Vec<i64> = extended.iter().map(expiry).collect();
+    for (b, a) in before.iter().zip(&after) {
+        assert!(*a >= b + LEASE as i64 / 2, "extended: {before:?} {after:?}");
+    }
+    // Asked again, the running (longer) leases are what the rows hold.
+    let again = client
+        .lease_batch(&sp, elements.iter().map(longer).collect())
+        .await?;
+    assert_eq!(again.iter().map(expiry).collect::<Vec<_>>(), after);
+    drop(server);
+    env.assert_consistent("hub")?;
+    env.check_invariants(&meta, &app.app).await?;
+    Ok(())
+}
+
 /// Every kind of bad element in one batch beside good ones: each bad one gets its own error,
 /// the good ones are stored, and nothing of the bad ones is.
 async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
@@ -230,6 +290,7 @@ async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
 
 e2e!(
     small_nodes_in_one_request,
+    a_tree_in_one_group,
     one_bad_element_fails_alone,
     whole_batches_are_refused_clearly,
 );

@@ -149,11 +149,11 @@ impl Partition {
                 .bind(hb(&m.hash))
                 .execute(&mut **self.tx())
                 .await?;
-            for c in &children {
-                let child = hash_col(c, "child")?;
-                let n: i64 = c.try_get("n")?;
-                self.add_child_refs(&child, -n).await?;
-            }
+            let counts = children
+                .iter()
+                .map(|c| Ok((hash_col(c, "child")?, -c.try_get::<i64, _>("n")?)))
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            self.add_child_refs(&counts).await?;
             sqlx::query("DELETE FROM nodes WHERE app_id = $1 AND space_id = $2 AND hash = $3")
                 .bind(app.as_str())
                 .bind(space.as_str())

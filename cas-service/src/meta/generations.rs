@@ -1,6 +1,8 @@
 //! Upload generations: one upload attempt of one node, from its upload target through
 //! validation to publication or retirement, with the reservation it holds in the usage row.
 
+use std::collections::{HashMap, HashSet};
+
 use cas_format::{Hash, SpaceId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -53,7 +55,7 @@ pub enum GenState {
 }
 
 impl GenState {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             GenState::AwaitingUpload => "awaiting_upload",
             GenState::Validated => "validated",
@@ -152,6 +154,10 @@ pub fn parse_object_name(name: &str) -> Option<(&str, i64)> {
     };
     (attempt >= 1 && attempt_object(gen_id, attempt) == name).then_some((gen_id, attempt))
 }
+
+/// Generations one statement names or inserts at most (an inserted row binds 14 values;
+/// SQLite binds at most 32,766 a statement).
+const GENERATIONS_PER_STATEMENT: usize = 1000;
 
 pub(crate) const GEN_COLUMNS: &str = "gen_id, app_id, space_id, hash, state, target, created_at, \
      url_expires_at, expires_at, reserved_bytes, content_type, content_size, refs, attempts";
@@ -309,6 +315,62 @@ impl Partition {
         .transpose()
     }
 
+    /// The active generations of the distinct nodes among `hashes` that have one.
+    pub async fn active_generations(
+        &mut self,
+        hashes: &[Hash],
+    ) -> Result<HashMap<Hash, Generation>, sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let distinct: Vec<Hash> = hashes
+            .iter()
+            .copied()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let mut found = HashMap::new();
+        for part in distinct.chunks(GENERATIONS_PER_STATEMENT) {
+            let mut b = self.binds();
+            let (a, s, list) = (b.one(), b.one(), b.list(part.len()));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {GEN_COLUMNS} FROM upload_generations WHERE app_id = {a} \
+                 AND space_id = {s} AND hash IN ({list}) \
+                 AND state IN ('awaiting_upload', 'validated')"
+            )))
+            .bind(app.as_str())
+            .bind(space.as_str());
+            for h in part {
+                q = q.bind(hb(h));
+            }
+            for r in q.fetch_all(&mut **self.tx()).await? {
+                let g = generation_from_row(&r)?;
+                found.insert(g.hash, g);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Generations by id, whatever their state.
+    pub async fn generations(
+        &mut self,
+        ids: &[&str],
+    ) -> Result<HashMap<String, Generation>, sqlx::Error> {
+        let mut found = HashMap::new();
+        for part in ids.chunks(GENERATIONS_PER_STATEMENT) {
+            let list = self.binds().list(part.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {GEN_COLUMNS} FROM upload_generations WHERE gen_id IN ({list})"
+            )));
+            for id in part {
+                q = q.bind(*id);
+            }
+            for r in q.fetch_all(&mut **self.tx()).await? {
+                let g = generation_from_row(&r)?;
+                found.insert(g.gen_id.clone(), g);
+            }
+        }
+        Ok(found)
+    }
+
     /// Unexpired active generations of the partition.
     pub async fn count_active_generations(&mut self, now: i64) -> Result<i64, sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
@@ -326,27 +388,42 @@ impl Partition {
 
     /// Records a new generation and its reservation.
     pub async fn create_generation(&mut self, g: &Generation) -> Result<(), sqlx::Error> {
+        self.create_generations(std::slice::from_ref(g)).await
+    }
+
+    /// Records new generations of distinct nodes, with their evidence if validated, and their
+    /// reservations.
+    pub async fn create_generations(&mut self, gens: &[Generation]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query(
-            "INSERT INTO upload_generations (gen_id, app_id, space_id, hash, state, target, \
-             created_at, url_expires_at, expires_at, reserved_bytes, attempts) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(g.gen_id.as_str())
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(&g.hash))
-        .bind(g.state.as_str())
-        .bind(g.target.as_str())
-        .bind(g.created_at)
-        .bind(g.url_expires_at)
-        .bind(g.expires_at)
-        .bind(g.reserved_bytes)
-        .bind(g.attempt)
-        .execute(&mut **self.tx())
-        .await?;
+        for part in gens.chunks(GENERATIONS_PER_STATEMENT) {
+            let values = self.binds().rows(part.len(), 14);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO upload_generations (gen_id, app_id, space_id, hash, state, target, \
+                 created_at, url_expires_at, expires_at, reserved_bytes, attempts, content_type, \
+                 content_size, refs) VALUES {values}"
+            )));
+            for g in part {
+                let evidence = g.evidence.as_ref();
+                q = q
+                    .bind(g.gen_id.as_str())
+                    .bind(app.as_str())
+                    .bind(space.as_str())
+                    .bind(hb(&g.hash))
+                    .bind(g.state.as_str())
+                    .bind(g.target.as_str())
+                    .bind(g.created_at)
+                    .bind(g.url_expires_at)
+                    .bind(g.expires_at)
+                    .bind(g.reserved_bytes)
+                    .bind(g.attempt)
+                    .bind(evidence.map(|e| e.content_type.clone()))
+                    .bind(evidence.map(|e| e.content_size))
+                    .bind(evidence.map(|e| refs_to_blob(&e.refs)));
+            }
+            q.execute(&mut **self.tx()).await?;
+        }
         self.add_usage(UsageDelta {
-            reserved_bytes: g.reserved_bytes,
+            reserved_bytes: gens.iter().map(|g| g.reserved_bytes).sum(),
             ..Default::default()
         })
         .await

@@ -40,6 +40,7 @@ mod gc;
 mod generations;
 mod nodes;
 mod packs;
+mod publish;
 mod root_ref_reads;
 mod root_refs;
 mod usage;
@@ -51,6 +52,7 @@ pub use gc::{Backlog, Marked, RetiringGeneration};
 pub use generations::{Evidence, GenState, Generation, TargetKind, parse_object_name};
 pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, PackSpan, StoredObject};
 pub use packs::{PackRow, PackState, PackedEntry};
+pub use publish::Publication;
 pub use root_ref_reads::{
     Balance, BalanceCursor, BalanceMap, RefFilter, RootRefEvent, sum_over_domains,
 };

@@ -1,12 +1,13 @@
 //! Node rows and ordered edges: what publishing a node writes (its upload generations are
 //! in `generations`).
 
+use std::collections::{HashMap, HashSet};
+
 use cas_format::{AppId, Hash, SpaceId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::generations::{Evidence, GenState, Generation, decode_err};
-use super::usage::UsageDelta;
+use super::generations::decode_err;
 use super::{MetaStore, Partition, hash_col, hb};
 use crate::blob::Encoding;
 
@@ -84,15 +85,15 @@ pub struct StoredObject {
 }
 
 impl StoredObject {
-    fn held_column(&self) -> Option<Vec<u8>> {
+    pub(super) fn held_column(&self) -> Option<Vec<u8>> {
         self.held.as_ref().map(|b| b.to_vec())
     }
 
-    fn base_column(&self) -> Option<Vec<u8>> {
+    pub(super) fn base_column(&self) -> Option<Vec<u8>> {
         self.delta.map(|d| hb(&d.hash))
     }
 
-    fn depth(&self) -> i64 {
+    pub(super) fn depth(&self) -> i64 {
         self.delta.map_or(0, |d| d.depth)
     }
 }
@@ -164,7 +165,7 @@ pub enum FinalizeOutcome {
 /// A node's refs one statement names at most: their number is the operator's to raise
 /// (`UNICAS_NODE_MAX_REFS`), and SQLite binds at most 32,766 values a statement (an edge row
 /// binds five).
-const REFS_PER_STATEMENT: usize = 1000;
+pub(super) const REFS_PER_STATEMENT: usize = 1000;
 
 impl MetaStore {
     /// A node row, ready or being collected.
@@ -248,6 +249,36 @@ impl Partition {
         .transpose()
     }
 
+    /// The rows of the distinct nodes among `hashes` that have one, ready or being collected.
+    pub async fn nodes(&mut self, hashes: &[Hash]) -> Result<HashMap<Hash, NodeRow>, sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let distinct: Vec<Hash> = hashes
+            .iter()
+            .copied()
+            .collect::<HashSet<Hash>>()
+            .into_iter()
+            .collect();
+        let mut rows = HashMap::new();
+        for part in distinct.chunks(REFS_PER_STATEMENT) {
+            let mut b = self.binds();
+            let (a, s, list) = (b.one(), b.one(), b.list(part.len()));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {NODE_COLUMNS} FROM nodes WHERE app_id = {a} AND space_id = {s} \
+                 AND hash IN ({list})"
+            )))
+            .bind(app.as_str())
+            .bind(space.as_str());
+            for h in part {
+                q = q.bind(hb(h));
+            }
+            for r in q.fetch_all(&mut **self.tx()).await? {
+                let row = node_from_row(&r)?;
+                rows.insert(row.hash, row);
+            }
+        }
+        Ok(rows)
+    }
+
     /// Sets a ready node's lease window.
     pub async fn set_lease(
         &mut self,
@@ -255,18 +286,29 @@ impl Partition {
         started: i64,
         expires: i64,
     ) -> Result<(), sqlx::Error> {
+        self.set_leases(&[(*hash, started, expires)]).await
+    }
+
+    /// Sets the lease windows `(hash, started, expires)` of distinct ready nodes.
+    pub async fn set_leases(&mut self, leases: &[(Hash, i64, i64)]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query(
-            "UPDATE nodes SET lease_started_at = $4, lease_expires_at = $5 \
-             WHERE app_id = $1 AND space_id = $2 AND hash = $3",
-        )
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(hash))
-        .bind(started)
-        .bind(expires)
-        .execute(&mut **self.tx())
-        .await?;
+        for part in leases.chunks(REFS_PER_STATEMENT) {
+            let mut b = self.binds();
+            let values = b.rows(part.len(), 3);
+            let (a, s) = (b.one(), b.one());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE nodes SET lease_started_at = v.column2, lease_expires_at = v.column3 \
+                 FROM (VALUES {values}) AS v \
+                 WHERE nodes.app_id = {a} AND nodes.space_id = {s} AND nodes.hash = v.column1"
+            )));
+            for (hash, started, expires) in part {
+                q = q.bind(hb(hash)).bind(*started).bind(*expires);
+            }
+            q.bind(app.as_str())
+                .bind(space.as_str())
+                .execute(&mut **self.tx())
+                .await?;
+        }
         Ok(())
     }
 
@@ -299,128 +341,6 @@ impl Partition {
             .collect())
     }
 
-    /// Publishes a node from a validated generation whose object has been written: inserts the
-    /// row and its ordered edges, counts each child once per occurrence, sets the lease,
-    /// releases the reservation and marks the generation published. A row that GC marked for
-    /// collection is made ready again instead (its edges are the same), and its previous
-    /// object is queued for deletion.
-    pub async fn finalize(
-        &mut self,
-        g: &Generation,
-        evidence: &Evidence,
-        stored: StoredObject,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<FinalizeOutcome, sqlx::Error> {
-        let stored_bytes = stored.stored_bytes;
-        let (app, space) = (self.app.clone(), self.space.clone());
-        let existing = self.node(&g.hash).await?;
-        if let Some(row) = &existing
-            && row.is_ready()
-        {
-            let (started, expires) = crate::lease::lease_window(
-                row.lease_started_at,
-                row.lease_expires_at,
-                now,
-                lease_ms,
-            );
-            if expires != row.lease_expires_at || started != row.lease_started_at {
-                self.set_lease(&g.hash, started, expires).await?;
-            }
-            return Ok(FinalizeOutcome::AlreadyReady { started, expires });
-        }
-        let attempts = match self.generation(&g.gen_id).await? {
-            Some(current) if current.state.is_active() => current,
-            _ => return Ok(FinalizeOutcome::GenerationGone),
-        };
-        let missing = self.missing_children(&evidence.refs).await?;
-        if !missing.is_empty() {
-            return Ok(FinalizeOutcome::MissingChildren(missing));
-        }
-        // A base that GC marked has its dependents listed after the mark: one published
-        // now would be missed, and lose its base.
-        if let Some(d) = stored.delta
-            && !self.node(&d.hash).await?.is_some_and(|b| b.is_ready())
-        {
-            return Ok(FinalizeOutcome::DeltaBaseGone);
-        }
-        let (started, expires) = (now, now + lease_ms);
-        let delta = match existing {
-            Some(row) => {
-                sqlx::query(
-                    "UPDATE nodes SET collecting_since = NULL, object_gen = $4, encoding = $5, \
-                     stored_bytes = $6, lease_started_at = $7, lease_expires_at = $8, \
-                     delta_base = $9, delta_depth = $10, pack_block_offset = NULL, \
-                     pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL, \
-                     held_bytes = $11 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
-                )
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(hb(&g.hash))
-                .bind(g.object_name())
-                .bind(stored.encoding.as_str())
-                .bind(stored_bytes)
-                .bind(started)
-                .bind(expires)
-                .bind(stored.base_column())
-                .bind(stored.depth())
-                .bind(stored.held_column())
-                .execute(&mut **self.tx())
-                .await?;
-                self.release_object(&row, now).await?;
-                UsageDelta {
-                    not_ready_node_count: -1,
-                    ready_content_bytes: evidence.content_size,
-                    ready_stored_bytes: stored_bytes,
-                    ..Default::default()
-                }
-            }
-            None => {
-                sqlx::query(
-                    "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
-                     object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
-                     child_ref_count, root_ref_count, created_at, delta_base, delta_depth, \
-                     held_bytes) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, 0, $12, $13, $14, $15)",
-                )
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(hb(&g.hash))
-                .bind(evidence.content_size)
-                .bind(evidence.content_type.as_str())
-                .bind(evidence.refs.len() as i64)
-                .bind(g.object_name())
-                .bind(stored.encoding.as_str())
-                .bind(stored_bytes)
-                .bind(started)
-                .bind(expires)
-                .bind(now)
-                .bind(stored.base_column())
-                .bind(stored.depth())
-                .bind(stored.held_column())
-                .execute(&mut **self.tx())
-                .await?;
-                self.insert_edges(&g.hash, &evidence.refs).await?;
-                UsageDelta {
-                    node_count: 1,
-                    ready_content_bytes: evidence.content_size,
-                    ready_stored_bytes: stored_bytes,
-                    ..Default::default()
-                }
-            }
-        };
-        self.add_usage(delta).await?;
-        self.set_generation_state(g, GenState::Published, 0, None)
-            .await?;
-        // What other attempts of this upload wrote (or, killed, left) goes with the next GC
-        // pass; one still writing finds the node ready and deletes its object itself.
-        let mine = g.object_name();
-        for other in attempts.attempt_objects().filter(|o| *o != mine) {
-            self.retire_object(&g.hash, &other, now).await?;
-        }
-        Ok(FinalizeOutcome::Published { started, expires })
-    }
-
     /// Queues a node's superseded object for deletion by the next GC pass.
     pub(super) async fn retire_object(
         &mut self,
@@ -440,61 +360,6 @@ impl Partition {
         .bind(now)
         .execute(&mut **self.tx())
         .await?;
-        Ok(())
-    }
-
-    async fn insert_edges(&mut self, parent: &Hash, refs: &[Hash]) -> Result<(), sqlx::Error> {
-        if refs.is_empty() {
-            return Ok(());
-        }
-        let (app, space) = (self.app.clone(), self.space.clone());
-        for (part, children) in refs.chunks(REFS_PER_STATEMENT).enumerate() {
-            let values = self.binds().rows(children.len(), 5);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO edges (app_id, space_id, parent, ord, child) VALUES {values}"
-            )));
-            for (i, child) in children.iter().enumerate() {
-                q = q
-                    .bind(app.as_str())
-                    .bind(space.as_str())
-                    .bind(hb(parent))
-                    .bind((part * REFS_PER_STATEMENT + i) as i64)
-                    .bind(hb(child));
-            }
-            q.execute(&mut **self.tx()).await?;
-        }
-        let mut counts: Vec<(Hash, i64)> = Vec::new();
-        for child in refs {
-            match counts.iter_mut().find(|(h, _)| h == child) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((*child, 1)),
-            }
-        }
-        for (child, n) in counts {
-            self.add_child_refs(&child, n).await?;
-        }
-        Ok(())
-    }
-
-    /// Adds `n` (possibly negative) to a node's child ref count. The schema refuses a negative
-    /// count, which aborts the transaction.
-    pub(crate) async fn add_child_refs(&mut self, child: &Hash, n: i64) -> Result<(), sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        let done = sqlx::query(
-            "UPDATE nodes SET child_ref_count = child_ref_count + $4 \
-             WHERE app_id = $1 AND space_id = $2 AND hash = $3",
-        )
-        .bind(app.as_str())
-        .bind(space.as_str())
-        .bind(hb(child))
-        .bind(n)
-        .execute(&mut **self.tx())
-        .await?;
-        if done.rows_affected() != 1 {
-            return Err(sqlx::Error::Protocol(format!(
-                "child {child} of an edge has no node row"
-            )));
-        }
         Ok(())
     }
 }

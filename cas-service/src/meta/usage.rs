@@ -17,6 +17,16 @@ pub struct UsageDelta {
     pub reserved_bytes: i64,
 }
 
+impl std::ops::AddAssign for UsageDelta {
+    fn add_assign(&mut self, d: UsageDelta) {
+        self.node_count += d.node_count;
+        self.not_ready_node_count += d.not_ready_node_count;
+        self.ready_content_bytes += d.ready_content_bytes;
+        self.ready_stored_bytes += d.ready_stored_bytes;
+        self.reserved_bytes += d.reserved_bytes;
+    }
+}
+
 impl UsageDelta {
     pub fn is_zero(&self) -> bool {
         *self == UsageDelta::default()
