@@ -1,7 +1,7 @@
 //! Upload generations: one upload attempt of one node, from its upload target through
 //! validation to publication or retirement, with the reservation it holds in the usage row.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use cas_format::{Hash, SpaceId};
 use sqlx::Row;
@@ -320,33 +320,17 @@ impl Partition {
         &mut self,
         hashes: &[Hash],
     ) -> Result<HashMap<Hash, Generation>, sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        let distinct: Vec<Hash> = hashes
-            .iter()
-            .copied()
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        let mut found = HashMap::new();
-        for part in distinct.chunks(GENERATIONS_PER_STATEMENT) {
-            let mut b = self.binds();
-            let (a, s, list) = (b.one(), b.one(), b.list(part.len()));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+        self.rows_by_hashes(hashes, |a, s, list| {
+            format!(
                 "SELECT {GEN_COLUMNS} FROM upload_generations WHERE app_id = {a} \
                  AND space_id = {s} AND hash IN ({list}) \
                  AND state IN ('awaiting_upload', 'validated')"
-            )))
-            .bind(app.as_str())
-            .bind(space.as_str());
-            for h in part {
-                q = q.bind(hb(h));
-            }
-            for r in q.fetch_all(&mut **self.tx()).await? {
-                let g = generation_from_row(&r)?;
-                found.insert(g.hash, g);
-            }
-        }
-        Ok(found)
+            )
+        })
+        .await?
+        .iter()
+        .map(|r| generation_from_row(r).map(|g| (g.hash, g)))
+        .collect()
     }
 
     /// Generations by id, whatever their state.

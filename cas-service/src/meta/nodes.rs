@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::generations::decode_err;
-use super::{MetaStore, Partition, hash_col, hb};
+use super::{HASHES_PER_STATEMENT, MetaStore, Partition, hash_col, hb};
 use crate::blob::Encoding;
 
 /// A node row. Presence without `collecting_since` is readiness.
@@ -162,11 +162,6 @@ pub enum FinalizeOutcome {
     DeltaBaseGone,
 }
 
-/// A node's refs one statement names at most: their number is the operator's to raise
-/// (`UNICAS_NODE_MAX_REFS`), and SQLite binds at most 32,766 values a statement (an edge row
-/// binds five).
-pub(super) const REFS_PER_STATEMENT: usize = 1000;
-
 impl MetaStore {
     /// A node row, ready or being collected.
     pub async fn node(
@@ -251,32 +246,16 @@ impl Partition {
 
     /// The rows of the distinct nodes among `hashes` that have one, ready or being collected.
     pub async fn nodes(&mut self, hashes: &[Hash]) -> Result<HashMap<Hash, NodeRow>, sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        let distinct: Vec<Hash> = hashes
-            .iter()
-            .copied()
-            .collect::<HashSet<Hash>>()
-            .into_iter()
-            .collect();
-        let mut rows = HashMap::new();
-        for part in distinct.chunks(REFS_PER_STATEMENT) {
-            let mut b = self.binds();
-            let (a, s, list) = (b.one(), b.one(), b.list(part.len()));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+        self.rows_by_hashes(hashes, |a, s, list| {
+            format!(
                 "SELECT {NODE_COLUMNS} FROM nodes WHERE app_id = {a} AND space_id = {s} \
                  AND hash IN ({list})"
-            )))
-            .bind(app.as_str())
-            .bind(space.as_str());
-            for h in part {
-                q = q.bind(hb(h));
-            }
-            for r in q.fetch_all(&mut **self.tx()).await? {
-                let row = node_from_row(&r)?;
-                rows.insert(row.hash, row);
-            }
-        }
-        Ok(rows)
+            )
+        })
+        .await?
+        .iter()
+        .map(|r| node_from_row(r).map(|row| (row.hash, row)))
+        .collect()
     }
 
     /// Sets a ready node's lease window.
@@ -292,7 +271,7 @@ impl Partition {
     /// Sets the lease windows `(hash, started, expires)` of distinct ready nodes.
     pub async fn set_leases(&mut self, leases: &[(Hash, i64, i64)]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in leases.chunks(REFS_PER_STATEMENT) {
+        for part in leases.chunks(HASHES_PER_STATEMENT) {
             let mut b = self.binds();
             let values = b.rows(part.len(), 3);
             let (a, s) = (b.one(), b.one());
@@ -314,30 +293,22 @@ impl Partition {
 
     /// The distinct refs among `refs` that are not ready, in order of first occurrence.
     pub async fn missing_children(&mut self, refs: &[Hash]) -> Result<Vec<Hash>, sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        let mut seen = std::collections::HashSet::new();
-        let distinct: Vec<Hash> = refs.iter().copied().filter(|h| seen.insert(*h)).collect();
-        let mut ready = std::collections::HashSet::new();
-        for part in distinct.chunks(REFS_PER_STATEMENT) {
-            let mut b = self.binds();
-            let (a, s) = (b.one(), b.one());
-            let hashes = b.list(part.len());
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT hash FROM nodes WHERE app_id = {a} AND space_id = {s} \
-                 AND collecting_since IS NULL AND hash IN ({hashes})"
-            )))
-            .bind(app.as_str())
-            .bind(space.as_str());
-            for h in part {
-                q = q.bind(hb(h));
-            }
-            for r in q.fetch_all(&mut **self.tx()).await? {
-                ready.insert(hash_col(&r, "hash")?);
-            }
-        }
-        Ok(distinct
-            .into_iter()
-            .filter(|h| !ready.contains(h))
+        let ready = self
+            .rows_by_hashes(refs, |a, s, list| {
+                format!(
+                    "SELECT hash FROM nodes WHERE app_id = {a} AND space_id = {s} \
+                     AND collecting_since IS NULL AND hash IN ({list})"
+                )
+            })
+            .await?
+            .iter()
+            .map(|r| hash_col(r, "hash"))
+            .collect::<Result<HashSet<Hash>, _>>()?;
+        let mut seen = HashSet::new();
+        Ok(refs
+            .iter()
+            .copied()
+            .filter(|h| seen.insert(*h) && !ready.contains(h))
             .collect())
     }
 

@@ -8,9 +8,9 @@ use std::collections::{HashMap, HashSet};
 use cas_format::Hash;
 
 use super::generations::{Evidence, GenState, Generation};
-use super::nodes::{FinalizeOutcome, NodeRow, REFS_PER_STATEMENT, StoredObject};
+use super::nodes::{FinalizeOutcome, NodeRow, StoredObject};
 use super::usage::UsageDelta;
-use super::{Partition, hb};
+use super::{HASHES_PER_STATEMENT, Partition, hb};
 use crate::lease::lease_window;
 
 /// A node to publish: its validated generation, what validation proved and how the object
@@ -312,7 +312,7 @@ impl Partition {
     /// Inserts edges `(parent, ord, child)`.
     async fn insert_edges(&mut self, edges: &[(&Hash, usize, &Hash)]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in edges.chunks(REFS_PER_STATEMENT) {
+        for part in edges.chunks(HASHES_PER_STATEMENT) {
             let values = self.binds().rows(part.len(), 5);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO edges (app_id, space_id, parent, ord, child) VALUES {values}"
@@ -338,7 +338,7 @@ impl Partition {
         counts: &[(Hash, i64)],
     ) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in counts.chunks(REFS_PER_STATEMENT) {
+        for part in counts.chunks(HASHES_PER_STATEMENT) {
             let mut b = self.binds();
             let values = b.rows(part.len(), 2);
             let (a, s) = (b.one(), b.one());
@@ -369,7 +369,7 @@ impl Partition {
     /// Marks active generations published and lets go of their reservations (the caller
     /// takes them out of the usage row).
     async fn mark_published(&mut self, ids: &[&str]) -> Result<(), sqlx::Error> {
-        for part in ids.chunks(REFS_PER_STATEMENT) {
+        for part in ids.chunks(HASHES_PER_STATEMENT) {
             let mut b = self.binds();
             let (published, list) = (b.one(), b.list(part.len()));
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
