@@ -443,7 +443,7 @@ impl Service {
         let failed = |e: ApiError| (indices.clone(), e);
         let written: Vec<(Staged, StoredObject)> = written
             .into_iter()
-            .filter_map(|s| s.object.clone().map(|o| (s, o)))
+            .filter_map(|mut s| s.object.take().map(|o| (s, o)))
             .collect();
         let publications: Vec<Publication> = written
             .iter()

@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::usage::UsageDelta;
-use super::{MetaStore, Partition, hash_col, hb};
+use super::{MetaStore, Partition, ROWS_PER_STATEMENT, hash_col, hb};
 
 /// Where an upload generation's bytes go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,10 +154,6 @@ pub fn parse_object_name(name: &str) -> Option<(&str, i64)> {
     };
     (attempt >= 1 && attempt_object(gen_id, attempt) == name).then_some((gen_id, attempt))
 }
-
-/// Generations one statement names or inserts at most (an inserted row binds 14 values;
-/// SQLite binds at most 32,766 a statement).
-const GENERATIONS_PER_STATEMENT: usize = 1000;
 
 pub(crate) const GEN_COLUMNS: &str = "gen_id, app_id, space_id, hash, state, target, created_at, \
      url_expires_at, expires_at, reserved_bytes, content_type, content_size, refs, attempts";
@@ -339,7 +335,7 @@ impl Partition {
         ids: &[&str],
     ) -> Result<HashMap<String, Generation>, sqlx::Error> {
         let mut found = HashMap::new();
-        for part in ids.chunks(GENERATIONS_PER_STATEMENT) {
+        for part in ids.chunks(ROWS_PER_STATEMENT) {
             let list = self.binds().list(part.len());
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "SELECT {GEN_COLUMNS} FROM upload_generations WHERE gen_id IN ({list})"
@@ -379,7 +375,7 @@ impl Partition {
     /// reservations.
     pub async fn create_generations(&mut self, gens: &[Generation]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in gens.chunks(GENERATIONS_PER_STATEMENT) {
+        for part in gens.chunks(ROWS_PER_STATEMENT) {
             let values = self.binds().rows(part.len(), 14);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO upload_generations (gen_id, app_id, space_id, hash, state, target, \

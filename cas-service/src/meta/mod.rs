@@ -121,7 +121,7 @@ impl Partition {
     }
 
     /// The rows a query of the partition finds for the distinct `hashes`, a statement per
-    /// [`HASHES_PER_STATEMENT`]: `sql(app, space, list)` writes it from the placeholders of
+    /// [`ROWS_PER_STATEMENT`]: `sql(app, space, list)` writes it from the placeholders of
     /// the App, the Space and the list of hashes, in that order in its text.
     pub(crate) async fn rows_by_hashes(
         &mut self,
@@ -132,7 +132,7 @@ impl Partition {
         let mut seen = std::collections::HashSet::new();
         let distinct: Vec<&Hash> = hashes.iter().filter(|h| seen.insert(**h)).collect();
         let mut rows = Vec::new();
-        for part in distinct.chunks(HASHES_PER_STATEMENT) {
+        for part in distinct.chunks(ROWS_PER_STATEMENT) {
             let mut b = self.binds();
             let (a, s, list) = (b.one(), b.one(), b.list(part.len()));
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql(&a, &s, &list)))
@@ -147,10 +147,10 @@ impl Partition {
     }
 }
 
-/// Hashes (or rows keyed by one) that one statement names at most: SQLite binds at most
-/// 32,766 values a statement, and a node's refs are as many as the operator allows
-/// (`UNICAS_NODE_MAX_REFS`).
-pub(crate) const HASHES_PER_STATEMENT: usize = 1000;
+/// Rows (or hashes) that one statement writes or names at most: SQLite binds at most 32,766
+/// values a statement, a row binds at most 15, and a node's refs are as many as the operator
+/// allows (`UNICAS_NODE_MAX_REFS`).
+pub(crate) const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The advisory-lock key of a partition: the first 8 bytes of SHA-256 over its names.
 fn partition_key(app: &str, space: &str) -> i64 {

@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::generations::decode_err;
-use super::{HASHES_PER_STATEMENT, MetaStore, Partition, hash_col, hb};
+use super::{MetaStore, Partition, ROWS_PER_STATEMENT, hash_col, hb};
 use crate::blob::Encoding;
 
 /// A node row. Presence without `collecting_since` is readiness.
@@ -271,7 +271,7 @@ impl Partition {
     /// Sets the lease windows `(hash, started, expires)` of distinct ready nodes.
     pub async fn set_leases(&mut self, leases: &[(Hash, i64, i64)]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in leases.chunks(HASHES_PER_STATEMENT) {
+        for part in leases.chunks(ROWS_PER_STATEMENT) {
             let mut b = self.binds();
             let values = b.rows(part.len(), 3);
             let (a, s) = (b.one(), b.one());

@@ -10,7 +10,7 @@ use cas_format::Hash;
 use super::generations::{Evidence, GenState, Generation};
 use super::nodes::{FinalizeOutcome, NodeRow, StoredObject};
 use super::usage::UsageDelta;
-use super::{HASHES_PER_STATEMENT, Partition, hb};
+use super::{Partition, ROWS_PER_STATEMENT, hb};
 use crate::lease::lease_window;
 
 /// A node to publish: its validated generation, what validation proved and how the object
@@ -22,10 +22,6 @@ pub struct Publication<'a> {
     /// The lease it starts, or extends when another request published the node first.
     pub lease_ms: i64,
 }
-
-/// Rows of a new node one statement inserts (a row binds 15 values; SQLite binds at most
-/// 32,766 a statement).
-const NODES_PER_STATEMENT: usize = 1000;
 
 impl Partition {
     /// Publishes a node from a validated generation whose object has been written: inserts the
@@ -190,9 +186,7 @@ impl Partition {
                 }
             }
         }
-        for part in new_rows.chunks(NODES_PER_STATEMENT) {
-            self.insert_nodes(part, now).await?;
-        }
+        self.insert_nodes(&new_rows, now).await?;
         let edges: Vec<(&Hash, usize, &Hash)> = new_rows
             .iter()
             .flat_map(|p| {
@@ -267,52 +261,51 @@ impl Partition {
     /// Inserts the rows of new nodes, ready, with no child or root refs yet.
     async fn insert_nodes(
         &mut self,
-        part: &[&Publication<'_>],
+        nodes: &[&Publication<'_>],
         now: i64,
     ) -> Result<(), sqlx::Error> {
-        if part.is_empty() {
-            return Ok(());
-        }
         let (app, space) = (self.app.clone(), self.space.clone());
-        let mut b = self.binds();
-        let values: Vec<String> = part
-            .iter()
-            .map(|_| format!("({}, 0, 0, {})", b.list(11), b.list(4)))
-            .collect();
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
-             object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
-             child_ref_count, root_ref_count, created_at, delta_base, delta_depth, held_bytes) \
-             VALUES {}",
-            values.join(", ")
-        )));
-        for p in part {
-            let (g, e, s) = (p.generation, p.evidence, &p.stored);
-            q = q
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(hb(&g.hash))
-                .bind(e.content_size)
-                .bind(e.content_type.as_str())
-                .bind(e.refs.len() as i64)
-                .bind(g.object_name())
-                .bind(s.encoding.as_str())
-                .bind(s.stored_bytes)
-                .bind(now)
-                .bind(now + p.lease_ms)
-                .bind(now)
-                .bind(s.base_column())
-                .bind(s.depth())
-                .bind(s.held_column());
+        for part in nodes.chunks(ROWS_PER_STATEMENT) {
+            let mut b = self.binds();
+            let values: Vec<String> = part
+                .iter()
+                .map(|_| format!("({}, 0, 0, {})", b.list(11), b.list(4)))
+                .collect();
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
+                 object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
+                 child_ref_count, root_ref_count, created_at, delta_base, delta_depth, \
+                 held_bytes) VALUES {}",
+                values.join(", ")
+            )));
+            for p in part {
+                let (g, e, s) = (p.generation, p.evidence, &p.stored);
+                q = q
+                    .bind(app.as_str())
+                    .bind(space.as_str())
+                    .bind(hb(&g.hash))
+                    .bind(e.content_size)
+                    .bind(e.content_type.as_str())
+                    .bind(e.refs.len() as i64)
+                    .bind(g.object_name())
+                    .bind(s.encoding.as_str())
+                    .bind(s.stored_bytes)
+                    .bind(now)
+                    .bind(now + p.lease_ms)
+                    .bind(now)
+                    .bind(s.base_column())
+                    .bind(s.depth())
+                    .bind(s.held_column());
+            }
+            q.execute(&mut **self.tx()).await?;
         }
-        q.execute(&mut **self.tx()).await?;
         Ok(())
     }
 
     /// Inserts edges `(parent, ord, child)`.
     async fn insert_edges(&mut self, edges: &[(&Hash, usize, &Hash)]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in edges.chunks(HASHES_PER_STATEMENT) {
+        for part in edges.chunks(ROWS_PER_STATEMENT) {
             let values = self.binds().rows(part.len(), 5);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO edges (app_id, space_id, parent, ord, child) VALUES {values}"
@@ -338,7 +331,7 @@ impl Partition {
         counts: &[(Hash, i64)],
     ) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
-        for part in counts.chunks(HASHES_PER_STATEMENT) {
+        for part in counts.chunks(ROWS_PER_STATEMENT) {
             let mut b = self.binds();
             let values = b.rows(part.len(), 2);
             let (a, s) = (b.one(), b.one());
@@ -369,7 +362,7 @@ impl Partition {
     /// Marks active generations published and lets go of their reservations (the caller
     /// takes them out of the usage row).
     async fn mark_published(&mut self, ids: &[&str]) -> Result<(), sqlx::Error> {
-        for part in ids.chunks(HASHES_PER_STATEMENT) {
+        for part in ids.chunks(ROWS_PER_STATEMENT) {
             let mut b = self.binds();
             let (published, list) = (b.one(), b.list(part.len()));
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
