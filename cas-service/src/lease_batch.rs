@@ -31,8 +31,9 @@ use crate::{Service, now_ms};
 
 /// Elements of one batch in flight at once.
 const ELEMENT_CONCURRENCY: usize = 32;
-/// Inline nodes published by one pair of partition operations.
-const INLINE_GROUP: usize = 32;
+/// Inline nodes published by one pair of partition operations: a client's batch of 100 small
+/// nodes is one group, whose statements cost about as much as a group of 32.
+const INLINE_GROUP: usize = 128;
 /// Groups of inline nodes of one batch under way at once.
 const INLINE_GROUPS_AT_ONCE: usize = 4;
 
