@@ -5,6 +5,7 @@
 //!   and batch leases of inline nodes): after a restart every answered request is there, every
 //!   node answered ready reads back whole, and every request is there whole or not at all
 //!   (replaying every one of them applies each exactly once).
+//! - Postgres connections send a statement at once (no wait for the server's delayed ACK).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -279,6 +280,57 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
     drop(server);
     env.assert_consistent("hub")?;
     env.check_invariants(&env.meta().await?, &app.app).await?;
+    Ok(())
+}
+
+/// Every Postgres connection of a pool has Nagle's algorithm off (`TCP_NODELAY`): with it on, a
+/// statement larger than one segment (a multi-row write of a batch) waits for the server's
+/// delayed ACK, about 40 ms, while its batch holds the partition. The sockets are found among
+/// this process's descriptors by their peer's port.
+#[tokio::test]
+async fn postgres_connections_send_without_delay() -> anyhow::Result<()> {
+    use rustix::process::{PidfdFlags, PidfdGetfdFlags, getpid, pidfd_getfd, pidfd_open};
+    let env = TestEnv::new(Backend::POSTGRES_FS).await?;
+    let url = env.vars["UNICAS_DATABASE_URL"].clone();
+    let port = reqwest::Url::parse(&url)?.port().unwrap_or(5432);
+    let sql = SqlPool::connect(PoolOptions {
+        url,
+        max_connections: 4,
+        sqlite_full_sync: true,
+        create_dir: None,
+    })
+    .await?;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut conn = sql.pool().acquire().await?;
+        sqlx::query("SELECT 1").execute(&mut *conn).await?;
+        held.push(conn);
+    }
+    let me = pidfd_open(getpid(), PidfdFlags::empty())?;
+    let mut sockets = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let Ok(n) = entry?.file_name().to_string_lossy().parse() else {
+            continue;
+        };
+        // A copy of the descriptor, borrowed through the process's own pidfd.
+        let Ok(fd) = pidfd_getfd(&me, n, PidfdGetfdFlags::empty()) else {
+            continue;
+        };
+        let Ok(Some(peer)) = rustix::net::getpeername(&fd) else {
+            continue;
+        };
+        if std::net::SocketAddr::try_from(peer).is_ok_and(|a| a.port() == port) {
+            assert!(
+                rustix::net::sockopt::tcp_nodelay(&fd)?,
+                "a Postgres connection (descriptor {n}) waits for ACKs"
+            );
+            sockets += 1;
+        }
+    }
+    assert!(
+        sockets >= held.len(),
+        "{sockets} Postgres connections found"
+    );
     Ok(())
 }
 

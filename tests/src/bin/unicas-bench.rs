@@ -10,8 +10,9 @@
 //! - ready-lease renewals per second (15-minute claims, renewed continuously: most are answered
 //!   from the running lease without a write), beside `GET /healthz` of the same server under
 //!   the same load generator, and lease extensions that each write;
-//! - root-ref updates per second, 10 changes each, and on SQLite the bytes the server wrote
-//!   per update (`wchar` of its `/proc/<pid>/io`: the write-ahead log and checkpoints);
+//! - root-ref updates per second, 10 changes each, measured in steady state (after a first
+//!   phase of the same load has filled the balance history), and on SQLite the bytes the server
+//!   wrote per update (`wchar` of its `/proc/<pid>/io`: the write-ahead log and checkpoints);
 //! - small-node (1 KiB) uploads per second (lease, PUT, lease), and nodes stored per second
 //!   by batch leases of 100 nodes carried inline (on SQLite with the bytes written per node);
 //! - GC deletions per second;
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cas_client::AppCasClient;
-use cas_format::Hash;
+use cas_format::{Hash, SpaceId};
 use tests::{Backend, Blobs, Db, TestEnv, leaf, space};
 
 const CONCURRENCY: usize = 16;
@@ -229,24 +230,13 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         }
         f.extensions = short.len() as f64 / start.elapsed().as_secs_f64();
     }
+    // Root-ref updates in steady state: a first phase fills the balance history (and the
+    // statistics are gathered after it, as autovacuum would), the second is measured.
+    root_ref_updates(&client, &sp, &ready, "warm").await?;
+    analyze(&env).await?;
     let before = Commits::read(&metrics, &server.url).await?;
     let written = tests::proc_written_bytes(pid)?;
-    {
-        let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
-        f.root_refs = throughput(move |i| {
-            let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
-            async move {
-                let changes: BTreeMap<Hash, i64> = (0..10)
-                    .map(|k| (ready[(i as usize * 10 + k) % ready.len()], 1))
-                    .collect();
-                client
-                    .update_root_refs(&sp, &format!("bench:{i}").parse()?, changes)
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-    }
+    f.root_refs = root_ref_updates(&client, &sp, &ready, "bench").await?;
     f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
     f.root_ref_written =
         (tests::proc_written_bytes(pid)? - written) as f64 / (f.root_refs * PHASE.as_secs_f64());
@@ -345,6 +335,30 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     Ok(f)
 }
 
+/// Root-ref updates of 10 changes each over `ready`, request ids `{prefix}:{i}`, for one
+/// phase; returns updates per second.
+async fn root_ref_updates(
+    client: &AppCasClient,
+    sp: &SpaceId,
+    ready: &Arc<Vec<Hash>>,
+    prefix: &'static str,
+) -> anyhow::Result<f64> {
+    let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
+    throughput(move |i| {
+        let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
+        async move {
+            let changes: BTreeMap<Hash, i64> = (0..10)
+                .map(|k| (ready[(i as usize * 10 + k) % ready.len()], 1))
+                .collect();
+            client
+                .update_root_refs(&sp, &format!("{prefix}:{i}").parse()?, changes)
+                .await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
 /// Gives a Postgres server without autovacuum the statistics autovacuum would have gathered
 /// by now (without them the planner may scan the whole partition for one node); says so.
 async fn analyze(env: &TestEnv) -> anyhow::Result<()> {
@@ -356,7 +370,12 @@ async fn analyze(env: &TestEnv) -> anyhow::Result<()> {
         .fetch_one(&db)
         .await?;
     if autovacuum == "off" {
-        println!("  (this PostgreSQL runs without autovacuum: the bench ANALYZEs after its setup)");
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            println!(
+                "  (this PostgreSQL runs without autovacuum: the bench ANALYZEs after each setup)"
+            )
+        });
         sqlx::query("ANALYZE").execute(&db).await?;
     }
     db.close().await;
