@@ -162,6 +162,73 @@ async fn a_tree_in_one_group(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The partition operations the server has committed so far.
+async fn partition_operations(server: &Server) -> anyhow::Result<f64> {
+    let scrape = reqwest::get(format!("{}/metrics", server.url))
+        .await?
+        .text()
+        .await?;
+    Ok(metric(&scrape, "unicas_commit_batch_operations_sum"))
+}
+
+/// Nodes first leased without their bytes (each answered `awaiting_upload`, as a client that
+/// looks for what is missing is), then sent inline, are published together: a few partition
+/// operations for all of them, not a few each. The URLs the first leases handed out are used
+/// up: one that was used meanwhile leaves nothing behind that counts, the others refuse.
+async fn leased_first_then_inline(b: Backend) -> anyhow::Result<()> {
+    let (env, app, server, client, meta) = hub_app(b).await?;
+    let sp = space("s");
+    let leaves: Vec<(Hash, bytes::Bytes)> = (0..40u32)
+        .map(|i| leaf(format!("leaf {i}").as_bytes()))
+        .collect();
+    let refs: Vec<Hash> = leaves.iter().map(|(h, _)| *h).collect();
+    let (parent, parent_b) = node("application/x-test", &refs, b"parent");
+    let mut all = leaves.clone();
+    all.push((parent, parent_b));
+    let first = client
+        .lease_batch(
+            &sp,
+            all.iter()
+                .map(|(h, b)| plain(*h, Some(b.len() as u64)))
+                .collect(),
+        )
+        .await?;
+    let targets: Vec<cas_format::wire::UploadTarget> = first
+        .iter()
+        .map(|r| match r {
+            BatchLeaseResult::Lease(LeaseResponse::AwaitingUpload { upload, .. }) => upload.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // One of them uploaded through its URL before the inline bytes arrive.
+    client.upload(&targets[1], leaves[1].1.clone()).await?;
+    let before = partition_operations(&server).await?;
+    let results = client
+        .lease_batch(&sp, all.iter().map(|(h, b)| inline(*h, b)).collect())
+        .await?;
+    assert!(results.iter().all(ready), "{results:?}");
+    let operations = partition_operations(&server).await? - before;
+    assert!(
+        operations <= 4.0,
+        "{operations} partition operations for 41 inline nodes: they went one by one"
+    );
+    assert_eq!(client.usage(&sp).await?.node_count, 41);
+    assert_eq!(&client.read_node(&sp, &parent).await?[..], b"parent");
+    let mut late = reqwest::Client::new()
+        .put(&targets[0].url)
+        .body(leaves[0].1.to_vec());
+    for (k, v) in &targets[0].headers {
+        late = late.header(k, v);
+    }
+    assert_eq!(late.send().await?.status(), 412);
+    env.check_invariants(&meta, &app.app).await?;
+    let usage = client.usage(&sp).await?;
+    assert_eq!(usage.reserved_bytes, 0, "{usage:?}");
+    drop(server);
+    env.assert_consistent("hub")?;
+    Ok(())
+}
+
 /// Every kind of bad element in one batch beside good ones: each bad one gets its own error,
 /// the good ones are stored, and nothing of the bad ones is.
 async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
@@ -291,6 +358,7 @@ async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
 e2e!(
     small_nodes_in_one_request,
     a_tree_in_one_group,
+    leased_first_then_inline,
     one_bad_element_fails_alone,
     whole_batches_are_refused_clearly,
 );

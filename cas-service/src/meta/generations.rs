@@ -409,6 +409,45 @@ impl Partition {
         .await
     }
 
+    /// Records validated bytes for generations that awaited their upload, whose bytes came
+    /// another way (inline in a batch lease): each of `validated` as it now is (state,
+    /// reservation, expiry, evidence, attempts taken), its reservations having been
+    /// `reserved_before` in all.
+    pub async fn validate_awaiting(
+        &mut self,
+        validated: &[Generation],
+        reserved_before: i64,
+    ) -> Result<(), sqlx::Error> {
+        for part in validated.chunks(ROWS_PER_STATEMENT) {
+            let values = self.binds().rows(part.len(), 8);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE upload_generations SET state = v.column2, reserved_bytes = v.column3, \
+                 expires_at = v.column4, attempts = v.column5, content_type = v.column6, \
+                 content_size = v.column7, refs = v.column8 \
+                 FROM (VALUES {values}) AS v WHERE upload_generations.gen_id = v.column1"
+            )));
+            for g in part {
+                let evidence = g.evidence.as_ref();
+                q = q
+                    .bind(g.gen_id.as_str())
+                    .bind(g.state.as_str())
+                    .bind(g.reserved_bytes)
+                    .bind(g.expires_at)
+                    .bind(g.attempt)
+                    .bind(evidence.map(|e| e.content_type.clone()))
+                    .bind(evidence.map(|e| e.content_size))
+                    .bind(evidence.map(|e| refs_to_blob(&e.refs)));
+            }
+            q.execute(&mut **self.tx()).await?;
+        }
+        self.add_usage(UsageDelta {
+            reserved_bytes: validated.iter().map(|g| g.reserved_bytes).sum::<i64>()
+                - reserved_before,
+            ..Default::default()
+        })
+        .await
+    }
+
     /// Takes the next publication attempt of an active generation: the handle it returns
     /// writes an object no other attempt writes ([`Generation::object_name`]).
     pub async fn next_attempt(&mut self, g: &Generation) -> Result<Generation, sqlx::Error> {

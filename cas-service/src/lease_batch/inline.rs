@@ -1,96 +1,37 @@
-//! Batch leases: up to [`MAX_BATCH_LEASES`] leases in one request, each answered as the single
-//! lease would be (or with its own error), in order. A small node may travel inline, so that a
-//! small new node costs one element of one request.
-//!
-//! Inline nodes are published together: their bytes are validated in memory first, then one
-//! partition operation extends the leases of those already stored and records a validated
-//! upload generation for each new one, their objects are written, and a second operation
-//! publishes them all (children before parents). Whatever does not fit that path (an upload
-//! already under way for the hash, bytes that are not a valid node, a generation retired
-//! meanwhile) and every element without inline bytes is leased one by one, concurrently; those
-//! partition operations meet in the metadata store's batch commits
-//! ([`server_kit::group_commit`]).
+//! Inline nodes of a batch lease, published together: their bytes were validated in memory
+//! ([`Service::lease_batch`]); one partition operation extends the leases of those already
+//! stored and records a validated upload generation for each new one (or takes over the
+//! generation a lease made for it, still awaiting an upload), their objects are written, and
+//! a second operation publishes them all (children before parents).
 
 use std::collections::HashSet;
 
-use axum::http::StatusCode;
-use base64::Engine;
 use bytes::Bytes;
-use cas_format::wire::{
-    BatchLeaseElement, BatchLeaseResult, ErrorBody, LeaseResponse, MAX_BATCH_LEASES,
-    MAX_INLINE_NODE_BYTES,
-};
+use cas_format::wire::{BatchLeaseElement, LeaseResponse, MAX_INLINE_NODE_BYTES};
 use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
+use super::{Answers, ELEMENT_CONCURRENCY, with_content};
 use crate::error::{ApiError, ApiResult};
-use crate::lease::{check_lease_duration, lease_window, upload_limit};
-use crate::materialize::MaterializeError;
+use crate::lease::{lease_window, upload_limit};
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Publication, StoredObject};
 use crate::{Service, now_ms};
 
-/// Elements of one batch in flight at once.
-const ELEMENT_CONCURRENCY: usize = 32;
 /// Inline nodes published by one pair of partition operations: a client's batch of 100 small
 /// nodes is one group, whose statements cost about as much as a group of 32.
 const INLINE_GROUP: usize = 128;
 /// Groups of inline nodes of one batch under way at once.
 const INLINE_GROUPS_AT_ONCE: usize = 4;
 
-/// Refuses a batch as a whole: empty or too long.
-pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
-    if elements.is_empty() {
-        return Err(ApiError::invalid("leases must not be empty"));
-    }
-    if elements.len() > MAX_BATCH_LEASES {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "PAYLOAD_TOO_LARGE",
-            format!("a batch may hold at most {MAX_BATCH_LEASES} leases; split it"),
-        ));
-    }
-    Ok(())
-}
-
-/// The inline bytes of an element, checked against its size limit and its hash.
-fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
-    // Base64 of the limit is a third longer: refuse more before decoding.
-    if content.len() as u64 > (MAX_INLINE_NODE_BYTES.div_ceil(3)) * 4 {
-        return Err(inline_too_large());
-    }
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(content)
-        .map_err(|_| ApiError::invalid("content is not standard base64"))?;
-    if bytes.len() as u64 > MAX_INLINE_NODE_BYTES {
-        return Err(inline_too_large());
-    }
-    if Hash::digest(&bytes) != *hash {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NODE_DIGEST_MISMATCH",
-            "the inline content does not hash to the element's hash",
-        ));
-    }
-    Ok(Bytes::from(bytes))
-}
-
-fn inline_too_large() -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "PAYLOAD_TOO_LARGE",
-        format!("inline content may be at most {MAX_INLINE_NODE_BYTES} bytes; upload it instead"),
-    )
-}
-
 /// An inline node whose bytes proved valid, on its way to being published with the others.
-struct Inline {
-    index: usize,
+pub(super) struct Inline {
+    pub index: usize,
     /// The element, without its inline bytes.
-    element: BatchLeaseElement,
+    pub element: BatchLeaseElement,
     /// The portable bytes, decoded.
-    bytes: Bytes,
-    evidence: Evidence,
-    canonical_len: u64,
+    pub bytes: Bytes,
+    pub evidence: Evidence,
+    pub canonical_len: u64,
 }
 
 impl Inline {
@@ -100,19 +41,6 @@ impl Inline {
     }
 }
 
-/// An element with its inline bytes encoded again.
-fn with_content(mut e: BatchLeaseElement, bytes: &[u8]) -> BatchLeaseElement {
-    e.content = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
-    e
-}
-
-/// What the first look at an element found.
-enum Checked {
-    Inline(Inline),
-    Single(usize, BatchLeaseElement),
-    Refused(usize, ApiError),
-}
-
 /// An inline node with its validated generation and, once written, its object.
 struct Staged {
     node: Inline,
@@ -120,42 +48,16 @@ struct Staged {
     object: Option<StoredObject>,
 }
 
-/// Answers to some elements of a batch, by index.
-type Answers = Vec<(usize, ApiResult<LeaseResponse>)>;
-
-fn error_result(e: ApiError) -> BatchLeaseResult {
-    BatchLeaseResult::Error(ErrorBody {
-        error: e.code.to_string(),
-        message: e.message,
-    })
-}
-
 impl Service {
-    /// Leases every element; one result per element, in order.
-    pub async fn lease_batch(
+    /// Publishes validated inline nodes in groups, several at once (one group's objects are
+    /// written while another's rows are); answers each by index, and returns the nodes this
+    /// path cannot take, for the one-by-one path.
+    pub(super) async fn publish_all_inline(
         &self,
         app: &AppId,
         space: &SpaceId,
-        elements: Vec<BatchLeaseElement>,
-    ) -> Vec<BatchLeaseResult> {
-        let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
-        // Validate inline bytes first, concurrently; the rest goes one by one.
-        let checked: Vec<Checked> = futures_util::stream::iter(elements.into_iter().enumerate())
-            .map(|(index, e)| self.check_inline(index, e))
-            .buffered(ELEMENT_CONCURRENCY)
-            .collect()
-            .await;
-        let mut one_by_one = Vec::new();
-        let mut inline = Vec::new();
-        for checked in checked {
-            match checked {
-                Checked::Inline(node) => inline.push(node),
-                Checked::Refused(index, e) => results[index] = Some(error_result(e)),
-                Checked::Single(index, e) => one_by_one.push((index, e)),
-            }
-        }
-        // In groups, several at once: one group's objects are written while another's rows
-        // are.
+        mut inline: Vec<Inline>,
+    ) -> (Answers, Vec<(usize, BatchLeaseElement)>) {
         let mut groups = Vec::new();
         while !inline.is_empty() {
             let rest = inline.split_off(inline.len().min(INLINE_GROUP));
@@ -171,83 +73,13 @@ impl Service {
                 .buffer_unordered(INLINE_GROUPS_AT_ONCE)
                 .collect()
                 .await;
-        for (answers, fallback) in published {
+        let mut answers = Vec::new();
+        let mut one_by_one = Vec::new();
+        for (a, fallback) in published {
+            answers.extend(a);
             one_by_one.extend(fallback);
-            for (index, answer) in answers {
-                results[index] = Some(match answer {
-                    Ok(r) => BatchLeaseResult::Lease(self.outcome(r)),
-                    Err(e) => error_result(e),
-                });
-            }
         }
-        let singles: Vec<(usize, BatchLeaseResult)> = futures_util::stream::iter(one_by_one)
-            .map(|(index, e)| async move {
-                match self.lease_element(app, space, e).await {
-                    Ok(r) => (index, BatchLeaseResult::Lease(r)),
-                    Err(e) => (index, error_result(e)),
-                }
-            })
-            .buffer_unordered(ELEMENT_CONCURRENCY)
-            .collect()
-            .await;
-        for (index, r) in singles {
-            results[index] = Some(r);
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| error_result(ApiError::unavailable("not leased; retry"))))
-            .collect()
-    }
-
-    /// Validates an element's inline bytes in memory. An element without them, or whose bytes
-    /// are not a valid node, is leased one by one (which answers with the rejection, as for an
-    /// upload).
-    async fn check_inline(&self, index: usize, mut e: BatchLeaseElement) -> Checked {
-        if let Err(err) = check_lease_duration(e.lease_duration_ms) {
-            return Checked::Refused(index, err);
-        }
-        let Some(content) = e.content.take() else {
-            return Checked::Single(index, e);
-        };
-        let bytes = match inline_bytes(&e.hash, &content) {
-            Ok(bytes) => bytes,
-            Err(err) => return Checked::Refused(index, err),
-        };
-        drop(content);
-        match self.validate_inline(&e, &bytes).await {
-            Ok(Some((evidence, canonical_len))) => Checked::Inline(Inline {
-                index,
-                element: e,
-                bytes,
-                evidence,
-                canonical_len,
-            }),
-            Ok(None) => Checked::Single(index, with_content(e, &bytes)),
-            Err(err) => Checked::Refused(index, err),
-        }
-    }
-
-    /// The evidence of valid inline bytes; `None` if they are not a valid node.
-    async fn validate_inline(
-        &self,
-        e: &BatchLeaseElement,
-        bytes: &Bytes,
-    ) -> ApiResult<Option<(Evidence, u64)>> {
-        let _permit = self
-            .validations
-            .acquire()
-            .await
-            .map_err(|_| ApiError::unavailable("shutting down"))?;
-        // Nothing is spooled yet: the bytes are in memory, and are written once it is known
-        // that the node is new.
-        let validated = self
-            .validate_into(&bytes[..], bytes.len() as u64, &e.hash, tokio::io::sink())
-            .await;
-        match validated {
-            Ok(found) => Ok(Some(found)),
-            Err(MaterializeError::Failed(e)) => Err(e),
-            Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),
-        }
+        (answers, one_by_one)
     }
 
     /// Publishes validated inline nodes in two partition operations; answers each by index.
@@ -373,41 +205,76 @@ impl Service {
             ));
         }
         p.set_leases(&leases).await?;
-        // A node with an upload under way, or twice in the group, goes one by one.
+        // A node whose lease made a generation that still awaits its upload (as a client's
+        // lease without bytes does before it sends them inline) takes that generation over:
+        // the bytes are here, validated. One with validated bytes already, or twice in the
+        // group, goes one by one.
         let new_hashes: Vec<Hash> = new.iter().map(|n| n.element.hash).collect();
         let active = p.active_generations(&new_hashes).await?;
         let mut seen = HashSet::new();
-        let mut slots = if new.is_empty() {
-            None
-        } else {
+        let mut slots = if new.iter().any(|n| !active.contains_key(&n.element.hash)) {
             self.upload_slots(&mut p, now).await?
+        } else {
+            None
         };
         let mut staged = Vec::new();
+        let mut taken_over = Vec::new();
         for node in new {
             let hash = node.element.hash;
-            if active.contains_key(&hash) || !seen.insert(hash) {
+            if !seen.insert(hash) {
                 one_by_one.push(node.back_to_single());
                 continue;
             }
-            if let Some(left) = slots.as_mut() {
-                if *left == 0 {
-                    answers.push((node.index, Err(upload_limit())));
+            let generation = match active.get(&hash) {
+                Some(g) if g.state == GenState::AwaitingUpload => {
+                    let g = Generation {
+                        state: GenState::Validated,
+                        reserved_bytes: node.canonical_len as i64,
+                        expires_at: g.expires_at.max(now + self.config.upload_ttl_ms as i64),
+                        evidence: Some(node.evidence.clone()),
+                        attempt: g.attempt.max(0) + 1,
+                        ..g.clone()
+                    };
+                    taken_over.push(g.clone());
+                    g
+                }
+                Some(_) => {
+                    one_by_one.push(node.back_to_single());
                     continue;
                 }
-                *left -= 1;
-            }
-            let mut generation = self.generation_for(&hash, now, Some(node.canonical_len), 1);
-            generation.state = GenState::Validated;
-            generation.reserved_bytes = node.canonical_len as i64;
-            generation.evidence = Some(node.evidence.clone());
+                None => {
+                    if let Some(left) = slots.as_mut() {
+                        if *left == 0 {
+                            answers.push((node.index, Err(upload_limit())));
+                            continue;
+                        }
+                        *left -= 1;
+                    }
+                    let mut g = self.generation_for(&hash, now, Some(node.canonical_len), 1);
+                    g.state = GenState::Validated;
+                    g.reserved_bytes = node.canonical_len as i64;
+                    g.evidence = Some(node.evidence.clone());
+                    g
+                }
+            };
             staged.push(Staged {
                 node,
                 generation,
                 object: None,
             });
         }
-        let generations: Vec<Generation> = staged.iter().map(|s| s.generation.clone()).collect();
-        p.create_generations(&generations).await?;
+        let reserved_before = taken_over
+            .iter()
+            .filter_map(|g| active.get(&g.hash))
+            .map(|g| g.reserved_bytes)
+            .sum();
+        p.validate_awaiting(&taken_over, reserved_before).await?;
+        let created: Vec<Generation> = staged
+            .iter()
+            .filter(|s| !active.contains_key(&s.generation.hash))
+            .map(|s| s.generation.clone())
+            .collect();
+        p.create_generations(&created).await?;
         p.commit().await?;
         Ok(staged)
     }
@@ -530,69 +397,5 @@ impl Service {
             hash: s.generation.hash,
             child_hashes: missing,
         })
-    }
-
-    async fn lease_element(
-        &self,
-        app: &AppId,
-        space: &SpaceId,
-        e: BatchLeaseElement,
-    ) -> ApiResult<LeaseResponse> {
-        let Some(content) = e.content else {
-            return self
-                .lease(
-                    app,
-                    space,
-                    &e.hash,
-                    e.lease_duration_ms,
-                    e.upload_bytes,
-                    e.delta_base,
-                )
-                .await;
-        };
-        let bytes = inline_bytes(&e.hash, &content)?;
-        drop(content);
-        let len = Some(bytes.len() as u64);
-        match self
-            .lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)
-            .await?
-        {
-            LeaseResponse::AwaitingUpload { .. }
-            | LeaseResponse::AwaitingReplacementUpload { .. } => {
-                self.stage_inline(app, space, &e.hash, bytes).await?;
-                self.lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)
-                    .await
-            }
-            other => Ok(other),
-        }
-    }
-
-    /// Stages `bytes` as the upload of the node's awaiting generation (unless something was
-    /// uploaded there already: then the next lease validates that).
-    async fn stage_inline(
-        &self,
-        app: &AppId,
-        space: &SpaceId,
-        hash: &Hash,
-        bytes: Bytes,
-    ) -> ApiResult<()> {
-        let Some(g) = self.meta.active_generation(app, space, hash).await? else {
-            return Ok(());
-        };
-        if g.state != GenState::AwaitingUpload {
-            return Ok(());
-        }
-        let body = Box::pin(futures_util::stream::once(async move {
-            Ok::<_, std::io::Error>(bytes)
-        }));
-        match self
-            .staging()
-            .store(app, space, &g, body, MAX_INLINE_NODE_BYTES)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == "UPLOAD_ALREADY_STORED" => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 }

@@ -1,0 +1,266 @@
+//! Batch leases: up to [`MAX_BATCH_LEASES`] leases in one request, each answered as the single
+//! lease would be (or with its own error), in order. A small node may travel inline, so that a
+//! small new node costs one element of one request.
+//!
+//! Inline nodes are published together ([`inline`]). Whatever does not fit that path (an
+//! upload already validated for the hash, bytes that are not a valid node, a generation
+//! retired meanwhile) and every element without inline bytes is leased one by one,
+//! concurrently; those partition operations meet in the metadata store's batch commits
+//! ([`server_kit::group_commit`]).
+
+mod inline;
+
+use axum::http::StatusCode;
+use base64::Engine;
+use bytes::Bytes;
+use cas_format::wire::{
+    BatchLeaseElement, BatchLeaseResult, ErrorBody, LeaseResponse, MAX_BATCH_LEASES,
+    MAX_INLINE_NODE_BYTES,
+};
+use cas_format::{AppId, Hash, SpaceId};
+use futures_util::StreamExt;
+
+use crate::Service;
+use crate::error::{ApiError, ApiResult};
+use crate::lease::check_lease_duration;
+use crate::materialize::MaterializeError;
+use crate::meta::{Evidence, GenState};
+use inline::Inline;
+
+/// Elements of one batch in flight at once.
+pub(super) const ELEMENT_CONCURRENCY: usize = 32;
+
+/// Refuses a batch as a whole: empty or too long.
+pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
+    if elements.is_empty() {
+        return Err(ApiError::invalid("leases must not be empty"));
+    }
+    if elements.len() > MAX_BATCH_LEASES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PAYLOAD_TOO_LARGE",
+            format!("a batch may hold at most {MAX_BATCH_LEASES} leases; split it"),
+        ));
+    }
+    Ok(())
+}
+
+/// The inline bytes of an element, checked against its size limit and its hash.
+fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
+    // Base64 of the limit is a third longer: refuse more before decoding.
+    if content.len() as u64 > (MAX_INLINE_NODE_BYTES.div_ceil(3)) * 4 {
+        return Err(inline_too_large());
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(content)
+        .map_err(|_| ApiError::invalid("content is not standard base64"))?;
+    if bytes.len() as u64 > MAX_INLINE_NODE_BYTES {
+        return Err(inline_too_large());
+    }
+    if Hash::digest(&bytes) != *hash {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "NODE_DIGEST_MISMATCH",
+            "the inline content does not hash to the element's hash",
+        ));
+    }
+    Ok(Bytes::from(bytes))
+}
+
+fn inline_too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "PAYLOAD_TOO_LARGE",
+        format!("inline content may be at most {MAX_INLINE_NODE_BYTES} bytes; upload it instead"),
+    )
+}
+
+/// An element with its inline bytes encoded again.
+fn with_content(mut e: BatchLeaseElement, bytes: &[u8]) -> BatchLeaseElement {
+    e.content = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+    e
+}
+
+/// What the first look at an element found.
+enum Checked {
+    Inline(Inline),
+    Single(usize, BatchLeaseElement),
+    Refused(usize, ApiError),
+}
+
+/// Answers to some elements of a batch, by index.
+pub(super) type Answers = Vec<(usize, ApiResult<LeaseResponse>)>;
+
+fn error_result(e: ApiError) -> BatchLeaseResult {
+    BatchLeaseResult::Error(ErrorBody {
+        error: e.code.to_string(),
+        message: e.message,
+    })
+}
+
+impl Service {
+    /// Leases every element; one result per element, in order.
+    pub async fn lease_batch(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        elements: Vec<BatchLeaseElement>,
+    ) -> Vec<BatchLeaseResult> {
+        let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
+        // Validate inline bytes first, concurrently; the rest goes one by one.
+        let checked: Vec<Checked> = futures_util::stream::iter(elements.into_iter().enumerate())
+            .map(|(index, e)| self.check_inline(index, e))
+            .buffered(ELEMENT_CONCURRENCY)
+            .collect()
+            .await;
+        let mut one_by_one = Vec::new();
+        let mut inline = Vec::new();
+        for checked in checked {
+            match checked {
+                Checked::Inline(node) => inline.push(node),
+                Checked::Refused(index, e) => results[index] = Some(error_result(e)),
+                Checked::Single(index, e) => one_by_one.push((index, e)),
+            }
+        }
+        let (answers, fallback) = self.publish_all_inline(app, space, inline).await;
+        one_by_one.extend(fallback);
+        for (index, answer) in answers {
+            results[index] = Some(match answer {
+                Ok(r) => BatchLeaseResult::Lease(self.outcome(r)),
+                Err(e) => error_result(e),
+            });
+        }
+        let singles: Vec<(usize, BatchLeaseResult)> = futures_util::stream::iter(one_by_one)
+            .map(|(index, e)| async move {
+                match self.lease_element(app, space, e).await {
+                    Ok(r) => (index, BatchLeaseResult::Lease(r)),
+                    Err(e) => (index, error_result(e)),
+                }
+            })
+            .buffer_unordered(ELEMENT_CONCURRENCY)
+            .collect()
+            .await;
+        for (index, r) in singles {
+            results[index] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| error_result(ApiError::unavailable("not leased; retry"))))
+            .collect()
+    }
+
+    /// Validates an element's inline bytes in memory. An element without them, or whose bytes
+    /// are not a valid node, is leased one by one (which answers with the rejection, as for an
+    /// upload).
+    async fn check_inline(&self, index: usize, mut e: BatchLeaseElement) -> Checked {
+        if let Err(err) = check_lease_duration(e.lease_duration_ms) {
+            return Checked::Refused(index, err);
+        }
+        let Some(content) = e.content.take() else {
+            return Checked::Single(index, e);
+        };
+        let bytes = match inline_bytes(&e.hash, &content) {
+            Ok(bytes) => bytes,
+            Err(err) => return Checked::Refused(index, err),
+        };
+        drop(content);
+        match self.validate_inline(&e, &bytes).await {
+            Ok(Some((evidence, canonical_len))) => Checked::Inline(Inline {
+                index,
+                element: e,
+                bytes,
+                evidence,
+                canonical_len,
+            }),
+            Ok(None) => Checked::Single(index, with_content(e, &bytes)),
+            Err(err) => Checked::Refused(index, err),
+        }
+    }
+
+    /// The evidence of valid inline bytes; `None` if they are not a valid node.
+    async fn validate_inline(
+        &self,
+        e: &BatchLeaseElement,
+        bytes: &Bytes,
+    ) -> ApiResult<Option<(Evidence, u64)>> {
+        let _permit = self
+            .validations
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable("shutting down"))?;
+        // Nothing is spooled yet: the bytes are in memory, and are written once it is known
+        // that the node is new.
+        let validated = self
+            .validate_into(&bytes[..], bytes.len() as u64, &e.hash, tokio::io::sink())
+            .await;
+        match validated {
+            Ok(found) => Ok(Some(found)),
+            Err(MaterializeError::Failed(e)) => Err(e),
+            Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),
+        }
+    }
+
+    async fn lease_element(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        e: BatchLeaseElement,
+    ) -> ApiResult<LeaseResponse> {
+        let Some(content) = e.content else {
+            return self
+                .lease(
+                    app,
+                    space,
+                    &e.hash,
+                    e.lease_duration_ms,
+                    e.upload_bytes,
+                    e.delta_base,
+                )
+                .await;
+        };
+        let bytes = inline_bytes(&e.hash, &content)?;
+        drop(content);
+        let len = Some(bytes.len() as u64);
+        match self
+            .lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)
+            .await?
+        {
+            LeaseResponse::AwaitingUpload { .. }
+            | LeaseResponse::AwaitingReplacementUpload { .. } => {
+                self.stage_inline(app, space, &e.hash, bytes).await?;
+                self.lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)
+                    .await
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Stages `bytes` as the upload of the node's awaiting generation (unless something was
+    /// uploaded there already: then the next lease validates that).
+    async fn stage_inline(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        hash: &Hash,
+        bytes: Bytes,
+    ) -> ApiResult<()> {
+        let Some(g) = self.meta.active_generation(app, space, hash).await? else {
+            return Ok(());
+        };
+        if g.state != GenState::AwaitingUpload {
+            return Ok(());
+        }
+        let body = Box::pin(futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(bytes)
+        }));
+        match self
+            .staging()
+            .store(app, space, &g, body, MAX_INLINE_NODE_BYTES)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == "UPLOAD_ALREADY_STORED" => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
