@@ -21,6 +21,7 @@ use base64::Engine;
 use cas_format::Hash;
 use cas_format::wire::{
     BatchLeaseElement, BatchLeaseResult, LeaseResponse, MAX_BATCH_LEASES, MAX_INLINE_NODE_BYTES,
+    UploadTarget,
 };
 use futures_util::future::try_join_all;
 use futures_util::{StreamExt, TryStreamExt};
@@ -64,6 +65,8 @@ struct Missing {
     children: Vec<Hash>,
     /// The service holds its validated bytes already: a lease publishes it.
     validated: bool,
+    /// Where its lease asked for its bytes.
+    upload: Option<UploadTarget>,
 }
 
 impl Uploader<'_> {
@@ -154,7 +157,7 @@ impl Uploader<'_> {
             let results = self.lease_elements(elements).await?;
             let mut next = Vec::new();
             for (hash, r) in frontier.iter().zip(results) {
-                let (children, validated) = match r {
+                let (children, validated, upload) = match r {
                     BatchLeaseResult::Lease(LeaseResponse::Ready { .. }) => {
                         self.settled(*hash, &root_set);
                         continue;
@@ -162,8 +165,11 @@ impl Uploader<'_> {
                     BatchLeaseResult::Lease(LeaseResponse::ValidatedAwaitingChildren {
                         child_hashes,
                         ..
-                    }) => (child_hashes, true),
-                    BatchLeaseResult::Lease(_) => match self.plan.nodes.get(hash) {
+                    }) => (child_hashes, true, None),
+                    BatchLeaseResult::Lease(
+                        LeaseResponse::AwaitingUpload { upload, .. }
+                        | LeaseResponse::AwaitingReplacementUpload { upload, .. },
+                    ) => match self.plan.nodes.get(hash) {
                         Some(node) => {
                             let mut distinct = HashSet::new();
                             let children = node
@@ -172,7 +178,7 @@ impl Uploader<'_> {
                                 .copied()
                                 .filter(|c| distinct.insert(*c))
                                 .collect();
-                            (children, false)
+                            (children, false, Some(upload))
                         }
                         // Not ours to upload: the node-by-node walk reports it.
                         None => continue,
@@ -190,12 +196,67 @@ impl Uploader<'_> {
                     Missing {
                         children,
                         validated,
+                        upload,
                     },
                 );
             }
             frontier = next;
         }
         self.store_waves(missing, &root_set).await
+    }
+
+    /// Stores the large nodes of a wave: each PUT to the target its first lease named (a few
+    /// at once, as many as calls may be in flight), then all of them leased again in batches,
+    /// which validate and publish them. Whatever that does not settle (a target that expired
+    /// or refused the bytes, a node the service rejected) goes node by node, which leases it
+    /// afresh and reports what is wrong.
+    async fn store_large(
+        &self,
+        large: Vec<(Hash, Option<UploadTarget>)>,
+        roots: &HashSet<Hash>,
+    ) -> Result<(), ClientError> {
+        let puts: Vec<(Hash, Option<u64>)> = futures_util::stream::iter(large)
+            .map(|(h, target)| async move {
+                let (Some(target), Some(node)) = (target, self.plan.nodes.get(&h)) else {
+                    return Ok((h, None));
+                };
+                let _permit = self
+                    .calls
+                    .acquire()
+                    .await
+                    .map_err(|_| ClientError::Cancelled)?;
+                let bytes = portable_bytes(&h, &node.source).await?;
+                let len = bytes.len() as u64;
+                let put = self.client.upload(&target, bytes).await;
+                Ok::<_, ClientError>((h, put.ok().map(|()| len)))
+            })
+            .buffer_unordered(self.parallelism)
+            .try_collect()
+            .await?;
+        let mut uploaded = Vec::new();
+        let mut again = Vec::new();
+        for (h, put) in puts {
+            match put {
+                Some(len) => uploaded.push((h, len)),
+                None => again.push(h),
+            }
+        }
+        let elements = uploaded
+            .iter()
+            .map(|(h, _)| self.element(*h, None))
+            .collect();
+        let results = self.lease_elements(elements).await?;
+        for ((h, len), r) in uploaded.into_iter().zip(results) {
+            if matches!(r, BatchLeaseResult::Lease(LeaseResponse::Ready { .. })) {
+                self.uploaded_nodes.fetch_add(1, Ordering::Relaxed);
+                self.uploaded_bytes.fetch_add(len, Ordering::Relaxed);
+                self.settled(h, roots);
+            } else {
+                again.push(h);
+            }
+        }
+        try_join_all(again.into_iter().map(|h| self.ensure(h))).await?;
+        Ok(())
     }
 
     /// Stores the missing nodes, children before parents.
@@ -233,7 +294,7 @@ impl Uploader<'_> {
                 match self.plan.nodes.get(h) {
                     _ if m.validated => validated.push(*h),
                     Some(node) if node.portable_len <= MAX_INLINE_NODE_BYTES => inline.push(*h),
-                    Some(_) => large.push(*h),
+                    Some(_) => large.push((*h, m.upload)),
                     None => {}
                 }
             }
@@ -242,7 +303,7 @@ impl Uploader<'_> {
             });
             let validated_elements = validated.iter().map(|h| self.element(*h, None)).collect();
             let (_, _, results) = tokio::try_join!(
-                try_join_all(large.iter().map(|h| self.ensure(*h))),
+                self.store_large(large, roots),
                 futures_util::stream::iter(inline_groups)
                     .map(|g| self.store_inline(g, roots))
                     .buffer_unordered(INLINE_REQUESTS_IN_FLIGHT)

@@ -143,6 +143,8 @@ pub struct Uploader<'a> {
     pub(crate) plan: &'a Plan,
     pub(crate) lease_ms: u64,
     pub(crate) calls: Semaphore,
+    /// Calls in flight at most (the permits of `calls`).
+    pub(crate) parallelism: usize,
     done: std::sync::Mutex<HashMap<Hash, Arc<OnceCell<()>>>>,
     nodes: AtomicU64,
     pub(crate) uploaded_nodes: AtomicU64,
@@ -164,6 +166,7 @@ impl<'a> Uploader<'a> {
             plan,
             lease_ms,
             calls: Semaphore::new(parallelism.max(1)),
+            parallelism: parallelism.max(1),
             done: std::sync::Mutex::new(HashMap::new()),
             nodes: AtomicU64::new(0),
             uploaded_nodes: AtomicU64::new(0),

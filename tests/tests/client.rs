@@ -111,6 +111,27 @@ async fn tree_round_trip(b: Backend) -> anyhow::Result<()> {
         first["uploadedBytes"].as_u64().unwrap() > 12 << 20,
         "{first}"
     );
+    // Large nodes go up by one PUT each to the URL the search for missing nodes was given,
+    // and are then leased in batches: the single-lease route only leases the root at the end.
+    let scrape = reqwest::get(format!("{}/metrics", server.url))
+        .await?
+        .text()
+        .await?;
+    let route = |method: &str, route: &str| {
+        metric(
+            &scrape,
+            &format!(
+                "unicas_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"200\"}}"
+            ),
+        )
+    };
+    let (single, puts) = (
+        route("POST", "/v1/cas/nodes/{hash}/lease"),
+        route("PUT", "/v1/cas/uploads/{generation}"),
+    );
+    eprintln!("first tree put: {single} single leases, {puts} uploads");
+    assert!(puts >= 8.0 || b.blobs == Blobs::S3, "{puts} uploads");
+    assert_eq!(single, 1.0, "single leases: {single}");
     // Plain output is exactly the hash.
     assert_eq!(
         ok(run(&["tree", "put", dir.to_str().unwrap()])),
