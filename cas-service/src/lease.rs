@@ -66,7 +66,7 @@ pub(crate) fn upload_limit() -> ApiError {
 }
 
 impl Service {
-    async fn presigned_target(
+    pub(crate) async fn presigned_target(
         &self,
         app: &AppId,
         space: &SpaceId,

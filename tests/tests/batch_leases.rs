@@ -173,7 +173,7 @@ async fn partition_operations(server: &Server) -> anyhow::Result<f64> {
 
 /// Nodes first leased without their bytes (each answered `awaiting_upload`, as a client that
 /// looks for what is missing is), then sent inline, are published together: a few partition
-/// operations for all of them, not a few each. The URLs the first leases handed out are used
+/// operations for all of them, not a few each, for the first leases as for the second. The URLs the first leases handed out are used
 /// up: one that was used meanwhile leaves nothing behind that counts, the others refuse.
 async fn leased_first_then_inline(b: Backend) -> anyhow::Result<()> {
     let (env, app, server, client, meta) = hub_app(b).await?;
@@ -185,6 +185,7 @@ async fn leased_first_then_inline(b: Backend) -> anyhow::Result<()> {
     let (parent, parent_b) = node("application/x-test", &refs, b"parent");
     let mut all = leaves.clone();
     all.push((parent, parent_b));
+    let start = partition_operations(&server).await?;
     let first = client
         .lease_batch(
             &sp,
@@ -193,6 +194,11 @@ async fn leased_first_then_inline(b: Backend) -> anyhow::Result<()> {
                 .collect(),
         )
         .await?;
+    let operations = partition_operations(&server).await? - start;
+    assert!(
+        operations <= 2.0,
+        "{operations} partition operations to find 41 nodes missing: they went one by one"
+    );
     let targets: Vec<cas_format::wire::UploadTarget> = first
         .iter()
         .map(|r| match r {
@@ -221,6 +227,30 @@ async fn leased_first_then_inline(b: Backend) -> anyhow::Result<()> {
         late = late.header(k, v);
     }
     assert_eq!(late.send().await?.status(), 412);
+    // Leased again without bytes, for longer: every lease is extended, together.
+    let start = partition_operations(&server).await?;
+    let longer = client
+        .lease_batch(
+            &sp,
+            all.iter()
+                .map(|(h, _)| BatchLeaseElement {
+                    lease_duration_ms: 2 * LEASE,
+                    ..plain(*h, None)
+                })
+                .collect(),
+        )
+        .await?;
+    assert!(longer.iter().all(ready), "{longer:?}");
+    assert!(partition_operations(&server).await? - start <= 2.0);
+    for (r, was) in longer.iter().zip(&results) {
+        let expiry = |r: &BatchLeaseResult| match r {
+            BatchLeaseResult::Lease(LeaseResponse::Ready {
+                lease_expires_at, ..
+            }) => *lease_expires_at,
+            other => panic!("{other:?}"),
+        };
+        assert!(expiry(r) >= expiry(was) + LEASE as i64 / 2, "{r:?} {was:?}");
+    }
     env.check_invariants(&meta, &app.app).await?;
     let usage = client.usage(&sp).await?;
     assert_eq!(usage.reserved_bytes, 0, "{usage:?}");

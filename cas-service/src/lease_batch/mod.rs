@@ -2,13 +2,14 @@
 //! lease would be (or with its own error), in order. A small node may travel inline, so that a
 //! small new node costs one element of one request.
 //!
-//! Inline nodes are published together ([`inline`]). Whatever does not fit that path (an
-//! upload already validated for the hash, bytes that are not a valid node, a generation
-//! retired meanwhile) and every element without inline bytes is leased one by one,
-//! concurrently; those partition operations meet in the metadata store's batch commits
-//! ([`server_kit::group_commit`]).
+//! Inline nodes are published together ([`inline`]); elements without bytes get their common
+//! answers (ready, or a new upload generation) together too ([`plain`]). Whatever does not fit
+//! those paths (an upload under way for the hash, bytes that are not a valid node, a
+//! generation retired meanwhile) is leased one by one, concurrently; those partition
+//! operations meet in the metadata store's batch commits ([`server_kit::group_commit`]).
 
 mod inline;
+mod plain;
 
 use axum::http::StatusCode;
 use base64::Engine;
@@ -115,15 +116,25 @@ impl Service {
             .await;
         let mut one_by_one = Vec::new();
         let mut inline = Vec::new();
+        let mut plain = Vec::new();
         for checked in checked {
             match checked {
                 Checked::Inline(node) => inline.push(node),
+                Checked::Single(index, e) if e.content.is_none() => plain.push((index, e)),
                 Checked::Refused(index, e) => results[index] = Some(error_result(e)),
                 Checked::Single(index, e) => one_by_one.push((index, e)),
             }
         }
-        let (answers, fallback) = self.publish_all_inline(app, space, inline).await;
+        let (mut answers, fallback) = self.publish_all_inline(app, space, inline).await;
         one_by_one.extend(fallback);
+        let plain_indices: Vec<usize> = plain.iter().map(|(i, _)| *i).collect();
+        match self.lease_plain(app, space, plain).await {
+            Ok((plain_answers, fallback)) => {
+                answers.extend(plain_answers);
+                one_by_one.extend(fallback);
+            }
+            Err(e) => answers.extend(plain_indices.into_iter().map(|i| (i, Err(e.clone())))),
+        }
         for (index, answer) in answers {
             results[index] = Some(match answer {
                 Ok(r) => BatchLeaseResult::Lease(self.outcome(r)),
