@@ -39,6 +39,7 @@ mod deltas;
 mod gc;
 mod generations;
 mod nodes;
+mod object_names;
 mod packs;
 mod publish;
 mod root_ref_reads;
@@ -49,8 +50,9 @@ pub use admin::{Account, AuditEntry, LOCAL_OPERATOR, OidcLogin, SessionRecord};
 pub use apps::{AppRecord, KeyRecord, RegistryError};
 pub use check::{CountMismatch, DanglingEdge};
 pub use gc::{Backlog, Marked, RetiringGeneration};
-pub use generations::{Evidence, GenState, Generation, TargetKind, parse_object_name};
+pub use generations::{Evidence, GenState, Generation, TargetKind};
 pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, PackSpan, StoredObject};
+pub use object_names::parse_object_name;
 pub use packs::{PackRow, PackState, PackedEntry};
 pub use publish::Publication;
 pub use root_ref_reads::{
