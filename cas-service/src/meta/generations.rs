@@ -142,6 +142,20 @@ fn refs_to_blob(refs: &[Hash]) -> Vec<u8> {
         .collect()
 }
 
+type GenQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// Binds what a generation records of its progress, in this order: expiry, reservation,
+/// attempts taken, and its evidence (content type, size, refs; null without).
+fn bind_progress<'q>(q: GenQuery<'q>, g: &Generation) -> GenQuery<'q> {
+    let evidence = g.evidence.as_ref();
+    q.bind(g.expires_at)
+        .bind(g.reserved_bytes)
+        .bind(g.attempt)
+        .bind(evidence.map(|e| e.content_type.clone()))
+        .bind(evidence.map(|e| e.content_size))
+        .bind(evidence.map(|e| refs_to_blob(&e.refs)))
+}
+
 pub(crate) fn generation_from_row(row: &AnyRow) -> Result<Generation, sqlx::Error> {
     let content_type: Option<String> = row.try_get("content_type")?;
     let content_size: Option<i64> = row.try_get("content_size")?;
@@ -351,7 +365,6 @@ impl Partition {
                  content_size, refs) VALUES {values}"
             )));
             for g in part {
-                let evidence = g.evidence.as_ref();
                 q = q
                     .bind(g.gen_id.as_str())
                     .bind(app.as_str())
@@ -360,13 +373,8 @@ impl Partition {
                     .bind(g.state.as_str())
                     .bind(g.target.as_str())
                     .bind(g.created_at)
-                    .bind(g.url_expires_at)
-                    .bind(g.expires_at)
-                    .bind(g.reserved_bytes)
-                    .bind(g.attempt)
-                    .bind(evidence.map(|e| e.content_type.clone()))
-                    .bind(evidence.map(|e| e.content_size))
-                    .bind(evidence.map(|e| refs_to_blob(&e.refs)));
+                    .bind(g.url_expires_at);
+                q = bind_progress(q, g);
             }
             q.execute(&mut **self.tx()).await?;
         }
@@ -389,22 +397,13 @@ impl Partition {
         for part in validated.chunks(ROWS_PER_STATEMENT) {
             let values = self.binds().rows(part.len(), 8);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE upload_generations SET state = v.column2, reserved_bytes = v.column3, \
-                 expires_at = v.column4, attempts = v.column5, content_type = v.column6, \
+                "UPDATE upload_generations SET state = v.column2, expires_at = v.column3, \
+                 reserved_bytes = v.column4, attempts = v.column5, content_type = v.column6, \
                  content_size = v.column7, refs = v.column8 \
                  FROM (VALUES {values}) AS v WHERE upload_generations.gen_id = v.column1"
             )));
             for g in part {
-                let evidence = g.evidence.as_ref();
-                q = q
-                    .bind(g.gen_id.as_str())
-                    .bind(g.state.as_str())
-                    .bind(g.reserved_bytes)
-                    .bind(g.expires_at)
-                    .bind(g.attempt)
-                    .bind(evidence.map(|e| e.content_type.clone()))
-                    .bind(evidence.map(|e| e.content_size))
-                    .bind(evidence.map(|e| refs_to_blob(&e.refs)));
+                q = bind_progress(q.bind(g.gen_id.as_str()).bind(g.state.as_str()), g);
             }
             q.execute(&mut **self.tx()).await?;
         }
