@@ -369,6 +369,28 @@ impl Service {
         };
         let spooled = match spooled {
             Ok(s) => s,
+            Err(MaterializeError::NotUploaded) if g.state == GenState::Validated => {
+                // Bytes validated in memory (inline) and neither stored nor staged: a write
+                // that failed, or a crash, in between. Nothing can be uploaded to this
+                // generation any more, so a new one takes the upload (unless it was published
+                // meanwhile: then the next round finds the node ready).
+                let mut p = self.meta.gate(app, space).await?;
+                let current = p.generation(&g.gen_id).await?;
+                let Some(current) = current.filter(|c| c.state == GenState::Validated) else {
+                    return Ok(Published::Retry);
+                };
+                p.retire_generation(&current).await?;
+                let declared = Some(current.reserved_bytes.max(0) as u64);
+                let fresh = self
+                    .new_generation(&mut p, &hash, now_ms(), declared, 0)
+                    .await?;
+                p.commit().await?;
+                let upload = self.presigned_target(app, space, &fresh).await?;
+                return Ok(Published::Answer(LeaseResponse::AwaitingUpload {
+                    hash,
+                    upload,
+                }));
+            }
             Err(MaterializeError::NotUploaded) => {
                 let g = self.fresh_url(app, space, g).await?;
                 let upload = self.presigned_target(app, space, &g).await?;

@@ -259,6 +259,43 @@ async fn leased_first_then_inline(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An inline node whose object could not be written leaves its generation validated with no
+/// bytes anywhere: the next lease replaces it, and the node is stored the usual way.
+async fn an_unwritten_inline_node_is_stored_again(b: Backend) -> anyhow::Result<()> {
+    let mut env = TestEnv::new(b).await?;
+    // Every node an object (none held in its row), and every object write refused.
+    env.set("UNICAS_HOLD_MAX_BYTES", 0);
+    let app = env.create_app("hub")?;
+    let sp = space("s");
+    let (h, bytes) = leaf(b"its object is refused");
+    let server = env.start_with(&[("UNICAS_FAILPOINTS", "blob.put=error")])?;
+    let client = app.client(&server);
+    let first = client
+        .lease_batch(&sp, vec![plain(h, Some(bytes.len() as u64))])
+        .await?;
+    assert!(matches!(
+        &first[0],
+        BatchLeaseResult::Lease(LeaseResponse::AwaitingUpload { .. })
+    ));
+    let refused = client.lease_batch(&sp, vec![inline(h, &bytes)]).await?;
+    assert!(
+        matches!(&refused[0], BatchLeaseResult::Error(e) if e.error == "STORAGE_ERROR"),
+        "{refused:?}"
+    );
+    drop(server);
+    let server = env.start()?;
+    let client = app.client(&server);
+    client.ensure_node(&sp, &h, &bytes, LEASE).await?;
+    assert_eq!(
+        &client.read_node(&sp, &h).await?[..],
+        b"its object is refused"
+    );
+    env.check_invariants(&env.meta().await?, &app.app).await?;
+    drop(server);
+    env.assert_consistent("hub")?;
+    Ok(())
+}
+
 /// Every kind of bad element in one batch beside good ones: each bad one gets its own error,
 /// the good ones are stored, and nothing of the bad ones is.
 async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
@@ -389,6 +426,7 @@ e2e!(
     small_nodes_in_one_request,
     a_tree_in_one_group,
     leased_first_then_inline,
+    an_unwritten_inline_node_is_stored_again,
     one_bad_element_fails_alone,
     whole_batches_are_refused_clearly,
 );
