@@ -16,8 +16,11 @@ pub enum TreeShape {
     Mixed,
 }
 
-/// Tree put and get of a tree, beside a durable copy (`cp -r` then `sync`) of the same tree in
-/// the same run; the source is synced before anything is timed.
+/// Durable copies of the tree timed before the puts; the fastest is the baseline.
+const COPIES: usize = 3;
+
+/// Tree put and get of a tree, beside a durable copy (`cp -r` then `sync`, the fastest of
+/// [`COPIES`]) of the same tree in the same run; the source is synced before anything is timed.
 pub async fn tree_bench(b: Backend, shape: TreeShape) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app("bench")?;
@@ -65,17 +68,22 @@ pub async fn tree_bench(b: Backend, shape: TreeShape) -> anyhow::Result<()> {
         }
     }
     anyhow::ensure!(std::process::Command::new("sync").status()?.success());
-    let t = Instant::now();
-    anyhow::ensure!(
-        std::process::Command::new("cp")
-            .arg("-r")
-            .arg(&src)
-            .arg(env.dir.path().join("copy"))
-            .status()?
-            .success()
-    );
-    anyhow::ensure!(std::process::Command::new("sync").status()?.success());
-    let cp = t.elapsed().as_secs_f64();
+    // The fastest of three copies: the copy's time swings with what the disk is doing, and
+    // the ratios are meant against what the disk can do.
+    let mut cp = f64::INFINITY;
+    for k in 0..COPIES {
+        let t = Instant::now();
+        anyhow::ensure!(
+            std::process::Command::new("cp")
+                .arg("-r")
+                .arg(&src)
+                .arg(env.dir.path().join(format!("copy{k}")))
+                .status()?
+                .success()
+        );
+        anyhow::ensure!(std::process::Command::new("sync").status()?.success());
+        cp = cp.min(t.elapsed().as_secs_f64());
+    }
     let t = Instant::now();
     let (root, report, _) = client.store_tree(&sp, &src, 900_000, 8, None).await?;
     let put = t.elapsed().as_secs_f64();
@@ -96,7 +104,7 @@ pub async fn tree_bench(b: Backend, shape: TreeShape) -> anyhow::Result<()> {
     );
     println!(
         "  {:<44} {:>8.2} s  {:>7.0} MB/s",
-        "baseline: cp -r, then sync",
+        format!("baseline: cp -r, then sync (fastest of {COPIES})"),
         cp,
         mb / cp
     );
