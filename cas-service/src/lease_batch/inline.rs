@@ -207,8 +207,9 @@ impl Service {
         p.set_leases(&leases).await?;
         // A node whose lease made a generation that still awaits its upload (as a client's
         // lease without bytes does before it sends them inline) takes that generation over:
-        // the bytes are here, validated. One with validated bytes already, or twice in the
-        // group, goes one by one.
+        // the bytes are here, validated. One with validated bytes already, an expired one
+        // (the single lease retires it; its slot is no longer counted), or a node twice in
+        // the group goes one by one.
         let new_hashes: Vec<Hash> = new.iter().map(|n| n.element.hash).collect();
         let active = p.active_generations(&new_hashes).await?;
         let mut seen = HashSet::new();
@@ -226,7 +227,7 @@ impl Service {
                 continue;
             }
             let generation = match active.get(&hash) {
-                Some(g) if g.state == GenState::AwaitingUpload => {
+                Some(g) if g.state == GenState::AwaitingUpload && g.expires_at > now => {
                     let g = Generation {
                         state: GenState::Validated,
                         reserved_bytes: node.canonical_len as i64,
