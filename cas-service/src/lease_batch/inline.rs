@@ -213,13 +213,12 @@ impl Service {
         let new_hashes: Vec<Hash> = new.iter().map(|n| n.element.hash).collect();
         let active = p.active_generations(&new_hashes).await?;
         let mut seen = HashSet::new();
-        let mut slots = if new.iter().any(|n| !active.contains_key(&n.element.hash)) {
-            self.upload_slots(&mut p, now).await?
-        } else {
-            None
-        };
+        let creates = new.iter().any(|n| !active.contains_key(&n.element.hash));
+        let mut slots = self.batch_slots(&mut p, now, creates).await?;
         let mut staged = Vec::new();
         let mut taken_over = Vec::new();
+        let mut reserved_before = 0;
+        let mut created = Vec::new();
         for node in new {
             let hash = node.element.hash;
             if !seen.insert(hash) {
@@ -227,14 +226,19 @@ impl Service {
                 continue;
             }
             let generation = match active.get(&hash) {
-                Some(g) if g.state == GenState::AwaitingUpload && g.expires_at > now => {
+                Some(awaiting)
+                    if awaiting.state == GenState::AwaitingUpload && awaiting.expires_at > now =>
+                {
+                    reserved_before += awaiting.reserved_bytes;
                     let g = Generation {
                         state: GenState::Validated,
                         reserved_bytes: node.canonical_len as i64,
-                        expires_at: g.expires_at.max(now + self.config.upload_ttl_ms as i64),
+                        expires_at: awaiting
+                            .expires_at
+                            .max(now + self.config.upload_ttl_ms as i64),
                         evidence: Some(node.evidence.clone()),
-                        attempt: g.attempt.max(0) + 1,
-                        ..g.clone()
+                        attempt: awaiting.attempt.max(0) + 1,
+                        ..awaiting.clone()
                     };
                     taken_over.push(g.clone());
                     g
@@ -244,17 +248,15 @@ impl Service {
                     continue;
                 }
                 None => {
-                    if let Some(left) = slots.as_mut() {
-                        if *left == 0 {
-                            answers.push((node.index, Err(upload_limit())));
-                            continue;
-                        }
-                        *left -= 1;
+                    if !slots.take() {
+                        answers.push((node.index, Err(upload_limit())));
+                        continue;
                     }
                     let mut g = self.generation_for(&hash, now, Some(node.canonical_len), 1);
                     g.state = GenState::Validated;
                     g.reserved_bytes = node.canonical_len as i64;
                     g.evidence = Some(node.evidence.clone());
+                    created.push(g.clone());
                     g
                 }
             };
@@ -264,17 +266,7 @@ impl Service {
                 object: None,
             });
         }
-        let reserved_before = taken_over
-            .iter()
-            .filter_map(|g| active.get(&g.hash))
-            .map(|g| g.reserved_bytes)
-            .sum();
         p.validate_awaiting(&taken_over, reserved_before).await?;
-        let created: Vec<Generation> = staged
-            .iter()
-            .filter(|s| !active.contains_key(&s.generation.hash))
-            .map(|s| s.generation.clone())
-            .collect();
         p.create_generations(&created).await?;
         p.commit().await?;
         Ok(staged)

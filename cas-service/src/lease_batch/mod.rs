@@ -25,7 +25,7 @@ use crate::Service;
 use crate::error::{ApiError, ApiResult};
 use crate::lease::check_lease_duration;
 use crate::materialize::MaterializeError;
-use crate::meta::{Evidence, GenState};
+use crate::meta::{Evidence, GenState, Partition};
 use inline::Inline;
 
 /// Elements of one batch in flight at once.
@@ -92,6 +92,24 @@ enum Checked {
 /// Answers to some elements of a batch, by index.
 pub(super) type Answers = Vec<(usize, ApiResult<LeaseResponse>)>;
 
+/// The upload slots one partition operation of a batch may still give out (`None`: the Space
+/// has no limit).
+pub(super) struct Slots(Option<u64>);
+
+impl Slots {
+    /// Takes one; `false` when none is left.
+    pub(super) fn take(&mut self) -> bool {
+        match &mut self.0 {
+            None => true,
+            Some(0) => false,
+            Some(left) => {
+                *left -= 1;
+                true
+            }
+        }
+    }
+}
+
 fn error_result(e: ApiError) -> BatchLeaseResult {
     BatchLeaseResult::Error(ErrorBody {
         error: e.code.to_string(),
@@ -100,6 +118,20 @@ fn error_result(e: ApiError) -> BatchLeaseResult {
 }
 
 impl Service {
+    /// The Space's upload slots left, read only when the operation creates generations.
+    pub(super) async fn batch_slots(
+        &self,
+        p: &mut Partition,
+        now: i64,
+        creates: bool,
+    ) -> Result<Slots, sqlx::Error> {
+        Ok(Slots(if creates {
+            self.upload_slots(p, now).await?
+        } else {
+            None
+        }))
+    }
+
     /// Leases every element; one result per element, in order.
     pub async fn lease_batch(
         &self,
@@ -108,7 +140,8 @@ impl Service {
         elements: Vec<BatchLeaseElement>,
     ) -> Vec<BatchLeaseResult> {
         let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
-        // Validate inline bytes first, concurrently; the rest goes one by one.
+        // Validate inline bytes first, concurrently; then publish the inline nodes and answer
+        // the elements without bytes together; the rest goes one by one.
         let checked: Vec<Checked> = futures_util::stream::iter(elements.into_iter().enumerate())
             .map(|(index, e)| self.check_inline(index, e))
             .buffered(ELEMENT_CONCURRENCY)

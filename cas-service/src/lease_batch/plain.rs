@@ -75,23 +75,17 @@ impl Service {
         p.set_leases(&leases).await?;
         let unknown_hashes: Vec<Hash> = unknown.iter().map(|(_, e)| e.hash).collect();
         let active = p.active_generations(&unknown_hashes).await?;
-        let mut slots = if unknown.iter().any(|(_, e)| !active.contains_key(&e.hash)) {
-            self.upload_slots(&mut p, now).await?
-        } else {
-            None
-        };
+        let creates = unknown.iter().any(|(_, e)| !active.contains_key(&e.hash));
+        let mut slots = self.batch_slots(&mut p, now, creates).await?;
         let mut created: Vec<(usize, Generation)> = Vec::new();
         for (index, e) in unknown {
             if active.contains_key(&e.hash) {
                 one_by_one.push((index, e));
                 continue;
             }
-            if let Some(left) = slots.as_mut() {
-                if *left == 0 {
-                    answers.push((index, Err(upload_limit())));
-                    continue;
-                }
-                *left -= 1;
+            if !slots.take() {
+                answers.push((index, Err(upload_limit())));
+                continue;
             }
             created.push((index, self.generation_for(&e.hash, now, e.upload_bytes, 0)));
         }
