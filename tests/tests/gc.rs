@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cas_client::Ensured;
-use cas_format::wire::LeaseResponse;
+use cas_format::wire::{BatchLeaseElement, BatchLeaseResult, LeaseResponse};
 use tests::*;
 
 /// For calls that are meant to fail: a retry would hide the failure.
@@ -343,6 +343,57 @@ async fn upload_limit(b: Backend) -> anyhow::Result<()> {
     client
         .lease_node(&space("t"), &leaf(b"other space").0, SHORT, None)
         .await?;
+    // A batch gives out the same slots, element by element: without bytes, five new nodes
+    // get three uploads and two refusals; inline, three are stored and two refused.
+    let code = |r: &BatchLeaseResult| match r {
+        BatchLeaseResult::Lease(l) => l.state().to_string(),
+        BatchLeaseResult::Error(e) => e.error.clone(),
+    };
+    let element = |i: u8, content: Option<String>| BatchLeaseElement {
+        hash: leaf(&[b'b', i]).0,
+        lease_duration_ms: SHORT,
+        upload_bytes: None,
+        content,
+        delta_base: None,
+    };
+    let plain = client
+        .lease_batch(&space("u"), (0..5).map(|i| element(i, None)).collect())
+        .await?;
+    let mut codes: Vec<String> = plain.iter().map(code).collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        [
+            "CAS_UPLOAD_LIMIT",
+            "CAS_UPLOAD_LIMIT",
+            "awaiting_upload",
+            "awaiting_upload",
+            "awaiting_upload"
+        ]
+    );
+    let b64 = |i: u8| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(leaf(&[b'b', i]).1)
+    };
+    let inline = client
+        .lease_batch(
+            &space("v"),
+            (0..5).map(|i| element(i, Some(b64(i)))).collect(),
+        )
+        .await?;
+    let mut codes: Vec<String> = inline.iter().map(code).collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        [
+            "CAS_UPLOAD_LIMIT",
+            "CAS_UPLOAD_LIMIT",
+            "ready",
+            "ready",
+            "ready"
+        ]
+    );
+    assert_eq!(client.usage(&space("v")).await?.node_count, 3);
     Ok(())
 }
 
