@@ -32,11 +32,13 @@ pub enum Source {
     /// The portable full node, in memory.
     Portable(Bytes),
     /// An `application/octet-stream` leaf whose content is a slice of a file, read when (and
-    /// only if) it has to be uploaded.
+    /// only if) it has to be uploaded. The file must still be what `stamp` says it was when it
+    /// was planned; the service checks the bytes against the hash in any case.
     FileSlice {
         path: PathBuf,
         offset: u64,
         len: u64,
+        stamp: FileStamp,
     },
     /// An `application/octet-stream` leaf whose content is a slice of an open spool file
     /// (never re-opened by name, so nothing can redirect it).
@@ -45,6 +47,23 @@ pub enum Source {
         offset: u64,
         len: u64,
     },
+}
+
+/// What a file was when it was planned: its length and when it was last modified. A file
+/// whose stamp differs when its slices are read again changed meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    pub len: u64,
+    pub modified: Option<std::time::SystemTime>,
+}
+
+impl FileStamp {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        FileStamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
 }
 
 /// One node of a plan.
@@ -92,13 +111,26 @@ impl Plan {
         Ok(hash)
     }
 
-    /// Adds an octet-stream leaf whose content is `len` bytes of `path` at `offset`.
-    pub fn add_file_slice(&mut self, hash: Hash, path: PathBuf, offset: u64, len: u64) {
+    /// Adds an octet-stream leaf whose content is `len` bytes of `path` at `offset`, the file
+    /// being what `stamp` says.
+    pub fn add_file_slice(
+        &mut self,
+        hash: Hash,
+        path: PathBuf,
+        stamp: FileStamp,
+        offset: u64,
+        len: u64,
+    ) {
         let prefix = leaf_descriptor(len).prefix_len();
         self.nodes.entry(hash).or_insert(PlannedNode {
             refs: Vec::new(),
             portable_len: prefix + len,
-            source: Source::FileSlice { path, offset, len },
+            source: Source::FileSlice {
+                path,
+                offset,
+                len,
+                stamp,
+            },
         });
     }
 
@@ -110,6 +142,15 @@ impl Plan {
             portable_len: prefix + len,
             source: Source::Spooled { file, offset, len },
         });
+    }
+
+    /// Adds the nodes and suggested bases of `other` (a node planned in both keeps this
+    /// plan's source: the bytes are the same).
+    pub fn merge(&mut self, other: Plan) {
+        for (hash, node) in other.nodes {
+            self.nodes.entry(hash).or_insert(node);
+        }
+        self.delta_bases.extend(other.delta_bases);
     }
 
     /// Total portable bytes of the planned nodes.
@@ -317,23 +358,36 @@ impl<'a> Uploader<'a> {
 pub(crate) async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes, ClientError> {
     match source {
         Source::Portable(b) => Ok(b.clone()),
-        Source::FileSlice { path, offset, len } => {
-            let mut file = tokio::fs::File::open(path)
-                .await
-                .map_err(|e| ClientError::io(format!("cannot open {}", path.display()), e))?;
+        Source::FileSlice {
+            path,
+            offset,
+            len,
+            stamp,
+        } => {
+            let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
+            let mut file = tokio::fs::File::open(path).await.map_err(io)?;
+            // A file that changed since it was planned is refused here, without hashing it
+            // again: the service checks every byte against the hash anyway.
+            if FileStamp::of(&file.metadata().await.map_err(io)?) != *stamp {
+                return Err(ClientError::Invalid(format!(
+                    "{} changed while it was being stored",
+                    path.display()
+                )));
+            }
             file.seek(std::io::SeekFrom::Start(*offset))
                 .await
-                .map_err(|e| ClientError::io(format!("cannot read {}", path.display()), e))?;
-            let d = leaf_descriptor(*len);
-            let mut out = d
+                .map_err(io)?;
+            let mut out = leaf_descriptor(*len)
                 .prefix()
                 .map_err(|e| ClientError::Invalid(e.to_string()))?;
             let start = out.len();
-            out.resize(start + *len as usize, 0);
-            file.read_exact(&mut out[start..])
+            out.reserve_exact(*len as usize);
+            (&mut file)
+                .take(*len)
+                .read_to_end(&mut out)
                 .await
-                .map_err(|e| ClientError::io(format!("cannot read {}", path.display()), e))?;
-            if Hash::digest(&out) != *hash {
+                .map_err(io)?;
+            if (out.len() - start) as u64 != *len {
                 return Err(ClientError::Invalid(format!(
                     "{} changed while it was being stored",
                     path.display()
@@ -384,5 +438,32 @@ impl AppCasClient {
         Uploader::new(self, space, &plan, lease_ms, parallelism)
             .run(roots)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A planned file slice is read back as its node, and refused once the file changed since
+    /// it was planned (without hashing it again: the stamp tells).
+    #[tokio::test]
+    async fn a_file_changed_since_planning_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 1_000]).expect("write");
+        let mut plan = Plan::default();
+        let file = crate::files::plan_file(&mut plan, &path).expect("plan");
+        let source = plan.nodes[&file.node].source.clone();
+        let bytes = portable_bytes(&file.node, &source).await.expect("read");
+        assert_eq!(Hash::digest(&bytes), file.node);
+        std::fs::write(&path, vec![7u8; 1_001]).expect("rewrite");
+        let e = portable_bytes(&file.node, &source)
+            .await
+            .expect_err("a changed file");
+        assert!(
+            e.to_string().contains("changed while it was being stored"),
+            "{e}"
+        );
     }
 }

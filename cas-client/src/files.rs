@@ -36,7 +36,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::chunking::{FORMAT_MAX, SEGMENT_MAX, chunk_lengths};
 use crate::client::AppCasClient;
-use crate::dag::{Plan, leaf_descriptor};
+use crate::dag::{FileStamp, Plan, leaf_descriptor};
 use crate::error::ClientError;
 
 /// Binary content up to this size is one leaf.
@@ -171,14 +171,14 @@ fn plan_content(
 pub fn plan_file(plan: &mut Plan, path: &Path) -> Result<FileRef, ClientError> {
     let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
     let file = File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
+    let stamp = FileStamp::of(&file.metadata().map_err(io)?);
     let owned = path.to_path_buf();
     plan_content(
         plan,
         file,
-        size,
+        stamp.len,
         &path.display(),
-        |plan, hash, offset, len| plan.add_file_slice(hash, owned.clone(), offset, len),
+        |plan, hash, offset, len| plan.add_file_slice(hash, owned.clone(), stamp, offset, len),
     )
 }
 

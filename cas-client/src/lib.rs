@@ -21,6 +21,8 @@ pub mod tarball;
 pub mod transfer;
 pub mod tree;
 pub mod tree_check;
+mod tree_edit;
+mod tree_plan;
 
 pub use capability::{CapabilityProvider, FixedToken, SigningKey};
 pub use client::{AppCasClient, MAX_NODE_BYTES, RetryPolicy};
