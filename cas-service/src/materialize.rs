@@ -26,6 +26,80 @@ pub(crate) struct Spooled {
     pub spool: SpoolFile,
 }
 
+/// The checks of one node's portable bytes, fed in pieces: the node format, its limits and
+/// its hash, and for SValue content the canonical encoding and its refs.
+struct NodeCheck {
+    validator: NodeStreamValidator,
+    svalue_limits: SValueLimits,
+    /// The SValue content seen so far (other content is not kept).
+    svalue_content: Option<Vec<u8>>,
+    total: u64,
+    max: u64,
+}
+
+impl NodeCheck {
+    /// Checks the next piece; answers the part of it that is the node's own content.
+    fn feed<'p>(&mut self, piece: &'p [u8]) -> Result<&'p [u8], MaterializeError> {
+        self.total += piece.len() as u64;
+        if self.total > self.max {
+            return Err(rejection(
+                "NODE_TOO_LARGE",
+                format!("the upload is larger than {} bytes", self.max),
+            ));
+        }
+        let content = self
+            .validator
+            .update(piece)
+            .map_err(|e| node_rejection(&e))?;
+        if self
+            .validator
+            .descriptor()
+            .is_some_and(|d| d.content_type.is_svalue())
+        {
+            self.svalue_content
+                .get_or_insert_with(Vec::new)
+                .extend_from_slice(content);
+        }
+        Ok(content)
+    }
+
+    /// The evidence of the whole node, which must hash to `hash`; and its portable length.
+    fn finish(self, hash: &Hash) -> Result<(Evidence, u64), MaterializeError> {
+        let (descriptor, _) = self
+            .validator
+            .finish(Some(hash))
+            .map_err(|e| node_rejection(&e))?;
+        if descriptor.content_type.is_svalue() {
+            let content = self.svalue_content.unwrap_or_default();
+            let refs = svalue::extract_refs(&content, &self.svalue_limits).map_err(|e| {
+                rejection(
+                    "INVALID_SVALUE",
+                    format!("the content is not a canonical SValue: {e}"),
+                )
+            })?;
+            if refs != descriptor.refs {
+                return Err(rejection(
+                    "SVALUE_REFS_MISMATCH",
+                    "the header refs differ from the SBlobs of the SValue content",
+                ));
+            }
+        }
+        let NodeDescriptor {
+            content_type,
+            refs,
+            content_size,
+        } = descriptor;
+        Ok((
+            Evidence {
+                content_type: content_type.as_str().to_string(),
+                content_size: content_size as i64,
+                refs,
+            },
+            self.total,
+        ))
+    }
+}
+
 pub(crate) enum MaterializeError {
     /// Nothing was uploaded yet.
     NotUploaded,
@@ -123,22 +197,8 @@ impl Service {
         hash: &cas_format::Hash,
         mut file: impl tokio::io::AsyncWrite + Unpin,
     ) -> Result<(Evidence, u64), MaterializeError> {
-        let max = self.config.node_max_bytes;
-        if len > max {
-            return Err(rejection(
-                "NODE_TOO_LARGE",
-                format!("the upload holds {len} bytes; the limit is {max}"),
-            ));
-        }
-        let mut validator = NodeStreamValidator::new(self.node_limits());
-        let svalue_limits = SValueLimits {
-            max_bytes: max,
-            max_refs: self.config.node_max_refs as u64,
-            ..SValueLimits::default()
-        };
-        let mut svalue_content: Option<Vec<u8>> = None;
+        let mut check = self.node_check(len)?;
         let mut buf = vec![0u8; READ_CHUNK];
-        let mut total = 0u64;
         loop {
             let n = reader
                 .read(&mut buf)
@@ -147,24 +207,7 @@ impl Service {
             if n == 0 {
                 break;
             }
-            total += n as u64;
-            if total > max {
-                return Err(rejection(
-                    "NODE_TOO_LARGE",
-                    format!("the upload is larger than {max} bytes"),
-                ));
-            }
-            let content = validator
-                .update(&buf[..n])
-                .map_err(|e| node_rejection(&e))?;
-            if validator
-                .descriptor()
-                .is_some_and(|d| d.content_type.is_svalue())
-            {
-                svalue_content
-                    .get_or_insert_with(Vec::new)
-                    .extend_from_slice(content);
-            }
+            let content = check.feed(&buf[..n])?;
             file.write_all(content)
                 .await
                 .map_err(|e| ApiError::internal("writing a spool file", e))?;
@@ -173,37 +216,41 @@ impl Service {
             .await
             .map_err(|e| ApiError::internal("writing a spool file", e))?;
         drop(file);
-        let (descriptor, _) = validator
-            .finish(Some(hash))
-            .map_err(|e| node_rejection(&e))?;
-        if descriptor.content_type.is_svalue() {
-            let content = svalue_content.unwrap_or_default();
-            let refs = svalue::extract_refs(&content, &svalue_limits).map_err(|e| {
-                rejection(
-                    "INVALID_SVALUE",
-                    format!("the content is not a canonical SValue: {e}"),
-                )
-            })?;
-            if refs != descriptor.refs {
-                return Err(rejection(
-                    "SVALUE_REFS_MISMATCH",
-                    "the header refs differ from the SBlobs of the SValue content",
-                ));
-            }
+        check.finish(hash)
+    }
+
+    /// Checks the portable bytes of the node `hash`, held in memory, as
+    /// [`Service::validate_into`] checks a stream (read once, hashed once, not copied).
+    pub(crate) fn validate_bytes(
+        &self,
+        bytes: &[u8],
+        hash: &cas_format::Hash,
+    ) -> Result<(Evidence, u64), MaterializeError> {
+        let mut check = self.node_check(bytes.len() as u64)?;
+        check.feed(bytes)?;
+        check.finish(hash)
+    }
+
+    /// The checks of a node said to be `len` portable bytes long; refuses one over the limit.
+    fn node_check(&self, len: u64) -> Result<NodeCheck, MaterializeError> {
+        let max = self.config.node_max_bytes;
+        if len > max {
+            return Err(rejection(
+                "NODE_TOO_LARGE",
+                format!("the upload holds {len} bytes; the limit is {max}"),
+            ));
         }
-        let NodeDescriptor {
-            content_type,
-            refs,
-            content_size,
-        } = descriptor;
-        Ok((
-            Evidence {
-                content_type: content_type.as_str().to_string(),
-                content_size: content_size as i64,
-                refs,
+        Ok(NodeCheck {
+            validator: NodeStreamValidator::new(self.node_limits()),
+            svalue_limits: SValueLimits {
+                max_bytes: max,
+                max_refs: self.config.node_max_refs as u64,
+                ..SValueLimits::default()
             },
-            total,
-        ))
+            svalue_content: None,
+            total: 0,
+            max,
+        })
     }
 
     /// Writes the own content of the node of generation `g` to its object: as a delta against

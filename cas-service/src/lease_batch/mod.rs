@@ -48,6 +48,19 @@ pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
 
 /// The inline bytes of an element, checked against its size limit and its hash.
 fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
+    let bytes = decode_inline(content)?;
+    if Hash::digest(&bytes) != *hash {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "NODE_DIGEST_MISMATCH",
+            "the inline content does not hash to the element's hash",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The inline bytes of an element, checked against its size limit only.
+fn decode_inline(content: &str) -> ApiResult<Bytes> {
     // Base64 of the limit is a third longer: refuse more before decoding.
     if content.len() as u64 > (MAX_INLINE_NODE_BYTES.div_ceil(3)) * 4 {
         return Err(inline_too_large());
@@ -57,13 +70,6 @@ fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
         .map_err(|_| ApiError::invalid("content is not standard base64"))?;
     if bytes.len() as u64 > MAX_INLINE_NODE_BYTES {
         return Err(inline_too_large());
-    }
-    if Hash::digest(&bytes) != *hash {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NODE_DIGEST_MISMATCH",
-            "the inline content does not hash to the element's hash",
-        ));
     }
     Ok(Bytes::from(bytes))
 }
@@ -203,7 +209,9 @@ impl Service {
         let Some(content) = e.content.take() else {
             return Checked::Single(index, e);
         };
-        let bytes = match inline_bytes(&e.hash, &content) {
+        // The validation hashes the bytes; bytes that do not hash to the element's hash are
+        // refused by the one-by-one path, as any invalid node is.
+        let bytes = match decode_inline(&content) {
             Ok(bytes) => bytes,
             Err(err) => return Checked::Refused(index, err),
         };
@@ -234,10 +242,7 @@ impl Service {
             .map_err(|_| ApiError::unavailable("shutting down"))?;
         // Nothing is spooled yet: the bytes are in memory, and are written once it is known
         // that the node is new.
-        let validated = self
-            .validate_into(&bytes[..], bytes.len() as u64, &e.hash, tokio::io::sink())
-            .await;
-        match validated {
+        match self.validate_bytes(bytes, &e.hash) {
             Ok(found) => Ok(Some(found)),
             Err(MaterializeError::Failed(e)) => Err(e),
             Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),
