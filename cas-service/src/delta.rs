@@ -193,14 +193,16 @@ pub(crate) fn integrity(detail: String) -> ApiError {
     ApiError::internal("reading a node", detail)
 }
 
-/// `content` compressed alone at `level`, and with `base` as its dictionary; either is `None`
-/// where zstd refused.
+/// `content` compressed alone at `level` (unless a sample says it does not compress), and
+/// with `base` as its dictionary; either is `None` where zstd refused or was not tried.
 fn encode_both(
     content: &[u8],
     base: Option<&[u8]>,
     level: i32,
 ) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
-    let alone = zstd::bulk::compress(content, level).ok();
+    let alone = crate::compressibility::worth_compressing(content, level)
+        .then(|| zstd::bulk::compress(content, level).ok())
+        .flatten();
     let delta = base.and_then(|base| {
         let mut c = zstd::bulk::Compressor::with_dictionary(level, base).ok()?;
         c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))

@@ -22,6 +22,7 @@ mod base64_runs;
 pub mod blob;
 pub mod capability;
 pub mod cli;
+mod compressibility;
 pub mod config;
 pub mod delta;
 pub mod error;
