@@ -356,13 +356,16 @@ async fn upload_limit(b: Backend) -> anyhow::Result<()> {
         content,
         delta_base: None,
     };
+    let sorted_codes = |results: &[BatchLeaseResult]| {
+        let mut codes: Vec<String> = results.iter().map(code).collect();
+        codes.sort();
+        codes
+    };
     let plain = client
         .lease_batch(&space("u"), (0..5).map(|i| element(i, None)).collect())
         .await?;
-    let mut codes: Vec<String> = plain.iter().map(code).collect();
-    codes.sort();
     assert_eq!(
-        codes,
+        sorted_codes(&plain),
         [
             "CAS_UPLOAD_LIMIT",
             "CAS_UPLOAD_LIMIT",
@@ -381,10 +384,8 @@ async fn upload_limit(b: Backend) -> anyhow::Result<()> {
             (0..5).map(|i| element(i, Some(b64(i)))).collect(),
         )
         .await?;
-    let mut codes: Vec<String> = inline.iter().map(code).collect();
-    codes.sort();
     assert_eq!(
-        codes,
+        sorted_codes(&inline),
         [
             "CAS_UPLOAD_LIMIT",
             "CAS_UPLOAD_LIMIT",
