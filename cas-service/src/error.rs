@@ -144,5 +144,16 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+impl From<crate::meta::BalanceReadError> for ApiError {
+    fn from(e: crate::meta::BalanceReadError) -> Self {
+        match e {
+            crate::meta::BalanceReadError::Database(e) => e.into(),
+            too_old @ crate::meta::BalanceReadError::TooFarBehind { .. } => {
+                ApiError::invalid(too_old.to_string())
+            }
+        }
+    }
+}
+
 /// Result alias of the service.
 pub type ApiResult<T> = Result<T, ApiError>;

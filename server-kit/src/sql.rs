@@ -338,6 +338,19 @@ impl SqlPool {
         }
     }
 
+    /// A read-only transaction whose reads all see one snapshot of the database (SQLite: a
+    /// deferred transaction, whose first read fixes the snapshot; Postgres: repeatable read).
+    pub async fn snapshot(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        match self.dialect {
+            Dialect::Sqlite => self.pool.begin_with("BEGIN DEFERRED").await,
+            Dialect::Postgres => {
+                self.pool
+                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await
+            }
+        }
+    }
+
     /// Whether the database answers.
     pub async fn ping(&self) -> bool {
         sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()

@@ -374,7 +374,8 @@ impl TestEnv {
 
     /// The invariants that must hold after any interleaving, checked on the database: counts
     /// never negative, every `childRefCount` equal to the edges pointing at the node, no
-    /// dangling edge, balances equal to the events and to the nodes' counts, usage rows equal
+    /// dangling edge, balances equal to the events and to the nodes' counts (and their
+    /// `rooted` flags to the counts), usage rows equal
     /// to a recount.
     pub async fn check_invariants(
         &self,
@@ -388,6 +389,10 @@ impl TestEnv {
         let dangling = meta.dangling_edges(app, None).await?;
         if !dangling.is_empty() {
             bail!("dangling edges: {dangling:?}");
+        }
+        let rooted = meta.rooted_mismatches(app).await?;
+        if !rooted.is_empty() {
+            bail!("rooted flags differ from root ref counts: {rooted:?}");
         }
         let events = meta.event_sums(app).await?;
         let balances = meta.current_balances(app).await?;

@@ -398,7 +398,45 @@ async fn upload_limit(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Garbage collection finds its candidates by the nodes' `rooted` flag, kept beside the root
+/// ref count: a flag that disagrees with the count is reported by fsck, and a node whose count
+/// is above zero is not collected even when its flag says otherwise.
+async fn a_wrong_rooted_flag_is_reported_and_not_trusted(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let (h, bytes) = leaf(b"held by a root ref only");
+    client.ensure_node(&sp, &h, &bytes, 1000).await?;
+    client
+        .update_root_refs(&sp, &rid("keep"), BTreeMap::from([(h, 2)]))
+        .await?;
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(ok, "{report:#}");
+    sqlx::query("UPDATE nodes SET rooted = 0 WHERE app_id = 'hub' AND hash = $1")
+        .bind(h.as_bytes().to_vec())
+        .execute(&env.database().await?)
+        .await?;
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(
+        !ok && report
+            .to_string()
+            .contains("root ref count 2 but rooted flag 0"),
+        "{report:#}"
+    );
+    // The lease has lapsed: only the count holds the node.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    client.gc(&sp, None).await?;
+    assert_eq!(
+        &client.read_node(&sp, &h).await?[..],
+        b"held by a root ref only"
+    );
+    Ok(())
+}
+
 e2e!(
+    a_wrong_rooted_flag_is_reported_and_not_trusted,
     gc_frees_only_what_nothing_holds,
     gc_passes_are_bounded,
     marked_node_comes_back_by_reupload,

@@ -371,12 +371,13 @@ async fn root_ref_pages_are_stable(b: Backend) -> anyhow::Result<()> {
     let client = app.client(&server);
     let sp = space("s");
     let mut hashes = Vec::new();
-    for i in 0..7u8 {
+    for i in 0..10u8 {
         let (h, bytes) = leaf(&[i; 3]);
         client.ensure_node(&sp, &h, &bytes, LEASE).await?;
         hashes.push(h);
     }
-    let all: BTreeMap<Hash, i64> = hashes.iter().map(|h| (*h, 1)).collect();
+    let (kept, dropped, added) = (&hashes[..4], &hashes[4..7], &hashes[7..]);
+    let all: BTreeMap<Hash, i64> = hashes[..7].iter().map(|h| (*h, 1)).collect();
     let rid = |s: &str| s.parse::<cas_format::RequestId>().unwrap();
     client
         .update_root_refs(&sp, &rid("add"), all.clone())
@@ -384,14 +385,14 @@ async fn root_ref_pages_are_stable(b: Backend) -> anyhow::Result<()> {
     let first = client.list_root_refs(&sp, 3, None).await?;
     assert_eq!(first.items.len(), 3);
     let cursor = first.next_cursor.clone().expect("more pages");
-    // The balances change after the first page was read.
-    client
-        .update_root_refs(
-            &sp,
-            &rid("change"),
-            hashes.iter().map(|h| (*h, 1)).collect(),
-        )
-        .await?;
+    // After the first page was read, balances change, fall to zero and appear.
+    let change: BTreeMap<Hash, i64> = kept
+        .iter()
+        .map(|h| (*h, 1))
+        .chain(dropped.iter().map(|h| (*h, -1)))
+        .chain(added.iter().map(|h| (*h, 1)))
+        .collect();
+    client.update_root_refs(&sp, &rid("change"), change).await?;
     let mut seen: BTreeMap<Hash, i64> = first.items.iter().map(|i| (i.hash, i.ref_count)).collect();
     let mut next = Some(cursor);
     while let Some(c) = next {
@@ -400,16 +401,32 @@ async fn root_ref_pages_are_stable(b: Backend) -> anyhow::Result<()> {
             page.revision, first.revision,
             "every page at the first page's revision"
         );
-        seen.extend(page.items.iter().map(|i| (i.hash, i.ref_count)));
+        for i in &page.items {
+            assert!(
+                seen.insert(i.hash, i.ref_count).is_none(),
+                "{} twice",
+                i.hash
+            );
+        }
         next = page.next_cursor;
     }
     assert_eq!(
         seen, all,
         "the pages show the balances as of the first page"
     );
-    let now = client.list_root_refs(&sp, 200, None).await?;
-    assert!(now.items.iter().all(|i| i.ref_count == 2));
-    assert!(now.next_cursor.is_none());
+    let now: BTreeMap<Hash, i64> = client
+        .list_root_refs(&sp, 200, None)
+        .await?
+        .items
+        .iter()
+        .map(|i| (i.hash, i.ref_count))
+        .collect();
+    let expected: BTreeMap<Hash, i64> = kept
+        .iter()
+        .map(|h| (*h, 2))
+        .chain(added.iter().map(|h| (*h, 1)))
+        .collect();
+    assert_eq!(now, expected);
     // A cursor from the future is refused.
     let e = client
         .list_root_refs(&sp, 3, Some(&format!("999.{}", hashes[0])))

@@ -60,7 +60,9 @@ pub struct RootRefsQuery {
     pub space_id: SpaceId,
     /// 1..=200, default 100.
     pub limit: Option<u32>,
-    /// From the previous page's `nextCursor`.
+    /// From the previous page's `nextCursor`: the page is read at the first page's revision
+    /// (refused with 400 once the Space's balances in this domain changed more than 100,000
+    /// times since it).
     pub cursor: Option<String>,
 }
 

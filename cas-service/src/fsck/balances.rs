@@ -1,5 +1,5 @@
 //! `fsck` of root refs: each domain's balance against the sum of its events, and each node's
-//! count against the sum of its balances over domains.
+//! count against the sum of its balances over domains and its `rooted` flag against the count.
 
 use std::collections::BTreeSet;
 
@@ -48,6 +48,18 @@ impl Service {
                     format!(
                         "{}/{}: the domains' balances sum to {b}, the node counts {n}",
                         key.0, key.1
+                    ),
+                );
+            }
+        }
+        // Garbage collection reads whether a node is rooted from its flag.
+        for m in self.meta.rooted_mismatches(&opts.app).await? {
+            if in_scope(m.space.as_str()) {
+                report.bad(
+                    "root-ref-balance",
+                    format!(
+                        "{}/{}: root ref count {} but rooted flag {}",
+                        m.space, m.hash, m.counted, m.recorded
                     ),
                 );
             }

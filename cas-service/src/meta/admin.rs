@@ -442,7 +442,7 @@ impl MetaStore {
     /// Spaces of an App that hold root-ref balances now.
     pub async fn spaces_in_balances(&self, app: &AppId) -> Result<Vec<SpaceId>, sqlx::Error> {
         sqlx::query(
-            "SELECT DISTINCT space_id FROM root_ref_balances WHERE app_id = $1 AND revision_to IS NULL ORDER BY space_id",
+            "SELECT DISTINCT space_id FROM root_ref_balances WHERE app_id = $1 ORDER BY space_id",
         )
         .bind(app.as_str())
         .fetch_all(&self.pool)

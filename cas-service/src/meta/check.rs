@@ -156,11 +156,10 @@ impl MetaStore {
         Ok(out)
     }
 
-    /// Current balance projection rows of an App, by (space, domain, hash).
+    /// The balance rows of an App (all current), by (space, domain, hash).
     pub async fn current_balances(&self, app: &AppId) -> Result<BalanceMap, sqlx::Error> {
         sqlx::query(
-            "SELECT space_id, ref_domain, hash, ref_count FROM root_ref_balances \
-             WHERE app_id = $1 AND revision_to IS NULL",
+            "SELECT space_id, ref_domain, hash, ref_count FROM root_ref_balances WHERE app_id = $1",
         )
         .bind(app.as_str())
         .fetch_all(&self.pool)
@@ -189,6 +188,29 @@ impl MetaStore {
             .iter()
             .map(|r| Ok(((r.try_get("space_id")?, hash_col(r, "hash")?), r.try_get("root_ref_count")?)))
             .collect()
+    }
+
+    /// Nodes of an App whose `rooted` flag (what garbage collection reads) disagrees with their
+    /// root ref count: `recorded` is the flag, `counted` the count.
+    pub async fn rooted_mismatches(&self, app: &AppId) -> Result<Vec<CountMismatch>, sqlx::Error> {
+        sqlx::query(
+            "SELECT space_id, hash, CAST(rooted AS BIGINT) AS rooted, root_ref_count FROM nodes \
+             WHERE app_id = $1 \
+             AND rooted <> CASE WHEN root_ref_count > 0 THEN 1 ELSE 0 END",
+        )
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(CountMismatch {
+                space: id_col(r, "space_id")?,
+                hash: hash_col(r, "hash")?,
+                recorded: r.try_get("rooted")?,
+                counted: r.try_get("root_ref_count")?,
+            })
+        })
+        .collect()
     }
 
     /// Spaces of an App that have a usage row or node rows.

@@ -60,8 +60,8 @@ impl Partition {
         let candidates = sqlx::query(
             "SELECT hash, object_gen, size, stored_bytes, pack_block_offset, \
              CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held FROM nodes n \
-             WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND root_ref_count = 0 \
-             AND collecting_since IS NULL AND lease_expires_at <= $3 \
+             WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND rooted = 0 \
+             AND root_ref_count = 0 AND collecting_since IS NULL AND lease_expires_at <= $3 \
              AND NOT EXISTS (SELECT 1 FROM upload_generations g WHERE g.app_id = n.app_id \
                AND g.space_id = n.space_id AND g.hash = n.hash \
                AND g.state IN ('awaiting_upload', 'validated') AND g.expires_at > $3) \
@@ -300,7 +300,7 @@ impl super::MetaStore {
         .try_get("n")?;
         let row = sqlx::query(
             "SELECT COUNT(*) AS n, MIN(lease_expires_at) AS since FROM nodes \
-             WHERE child_ref_count = 0 AND root_ref_count = 0 AND lease_expires_at <= $1",
+             WHERE child_ref_count = 0 AND rooted = 0 AND lease_expires_at <= $1",
         )
         .bind(now)
         .fetch_one(&self.pool)

@@ -56,7 +56,8 @@ pub use object_names::parse_object_name;
 pub use packs::{PackRow, PackState, PackedEntry};
 pub use publish::Publication;
 pub use root_ref_reads::{
-    Balance, BalanceCursor, BalanceMap, RefFilter, RootRefEvent, sum_over_domains,
+    Balance, BalanceCursor, BalanceMap, BalanceReadError, MAX_UNDONE_CHANGES, RefFilter,
+    RootRefEvent, sum_over_domains,
 };
 pub use root_refs::{
     MAX_BATCH_HASHES, MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection,

@@ -1,5 +1,5 @@
 //! Root references: one transaction per accepted update (idempotency, App-global revision,
-//! counts, event, versioned balance projection). Reads are in `root_ref_reads`.
+//! counts, event, current balances). Reads are in `root_ref_reads`.
 //!
 //! Balances are kept per (Space, domain, hash); a node's `root_ref_count` is their sum over
 //! domains. As the public contract has it, only that sum must stay at or above zero: a domain's
@@ -123,18 +123,14 @@ impl Partition {
         .await?
         .try_get("revision")?;
         let base = last - accepted;
-        // The final counts (absolute: the gate is held), from a VALUES list.
+        // The final counts and balances (absolute: the gate is held).
         let mut finals: BTreeMap<Hash, i64> = BTreeMap::new();
-        // Each (domain, hash) balance's history in this batch: (revision, balance after it).
-        let mut history: BTreeMap<(&RefDomain, Hash), Vec<(i64, i64)>> = BTreeMap::new();
-        for (k, step) in steps.iter().enumerate() {
+        let mut balances: BTreeMap<(&RefDomain, Hash), i64> = BTreeMap::new();
+        for step in &steps {
             let domain = updates[step.update].domain;
             for r in &step.results {
                 finals.insert(r.hash, r.count);
-                history
-                    .entry((domain, r.hash))
-                    .or_default()
-                    .push((base + 1 + k as i64, r.balance));
+                balances.insert((domain, r.hash), r.balance);
             }
         }
         // Every statement binds its values in the order of its text (see `Binds`).
@@ -142,7 +138,8 @@ impl Partition {
         let values = b.rows(finals.len(), 2);
         let (a, s) = (b.one(), b.one());
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE nodes SET root_ref_count = v.column2 FROM (VALUES {values}) AS v \
+            "UPDATE nodes SET root_ref_count = v.column2, \
+             rooted = CASE WHEN v.column2 > 0 THEN 1 ELSE 0 END FROM (VALUES {values}) AS v \
              WHERE nodes.app_id = {a} AND nodes.space_id = {s} AND nodes.hash = v.column1"
         )));
         for (hash, count) in &finals {
@@ -152,54 +149,7 @@ impl Partition {
             .bind(space.as_str())
             .execute(&mut **self.tx())
             .await?;
-        // The open balance of each (domain, hash) closes at the first revision that changes it.
-        let mut b = self.binds();
-        let values = b.rows(history.len(), 3);
-        let (a, s) = (b.one(), b.one());
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE root_ref_balances SET revision_to = v.column3 FROM (VALUES {values}) AS v \
-             WHERE root_ref_balances.app_id = {a} AND root_ref_balances.space_id = {s} \
-             AND root_ref_balances.revision_to IS NULL \
-             AND root_ref_balances.ref_domain = v.column1 AND root_ref_balances.hash = v.column2"
-        )));
-        for ((domain, hash), revisions) in &history {
-            q = q.bind(domain.as_str()).bind(hb(hash)).bind(revisions[0].0);
-        }
-        q.bind(app.as_str())
-            .bind(space.as_str())
-            .execute(&mut **self.tx())
-            .await?;
-        // Then one row per non-zero balance, open until the next revision that changes it.
-        let rows: Vec<(&RefDomain, &Hash, i64, i64, Option<i64>)> = history
-            .iter()
-            .flat_map(|((domain, hash), revisions)| {
-                revisions
-                    .iter()
-                    .enumerate()
-                    .filter_map(move |(i, (from, count))| {
-                        let to = revisions.get(i + 1).map(|(next, _)| *next);
-                        (*count != 0).then_some((*domain, hash, *count, *from, to))
-                    })
-            })
-            .collect();
-        if !rows.is_empty() {
-            let values = self.binds().rows(rows.len(), 7);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count, \
-                 revision_from, revision_to) VALUES {values}"
-            )));
-            for (domain, hash, count, from, to) in rows {
-                q = q
-                    .bind(app.as_str())
-                    .bind(space.as_str())
-                    .bind(domain.as_str())
-                    .bind(hb(hash))
-                    .bind(count)
-                    .bind(from)
-                    .bind(to);
-            }
-            q.execute(&mut **self.tx()).await?;
-        }
+        self.write_balances(&balances).await?;
         let values = self.binds().rows(steps.len(), 8);
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
@@ -237,6 +187,50 @@ impl Partition {
         }
         q.execute(&mut **self.tx()).await?;
         Ok(finish(planned, base))
+    }
+
+    /// Writes the current balance of each (domain, hash): a row for each non-zero one (only
+    /// the current value is kept; earlier ones are read back through the events), none for
+    /// zero.
+    async fn write_balances(
+        &mut self,
+        balances: &BTreeMap<(&RefDomain, Hash), i64>,
+    ) -> Result<(), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        let (kept, zero): (Vec<_>, Vec<_>) = balances.iter().partition(|(_, count)| **count != 0);
+        if !kept.is_empty() {
+            let values = self.binds().rows(kept.len(), 5);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
+                 VALUES {values} ON CONFLICT (app_id, space_id, ref_domain, hash) \
+                 DO UPDATE SET ref_count = excluded.ref_count"
+            )));
+            for ((domain, hash), count) in kept {
+                q = q
+                    .bind(app.as_str())
+                    .bind(space.as_str())
+                    .bind(domain.as_str())
+                    .bind(hb(hash))
+                    .bind(*count);
+            }
+            q.execute(&mut **self.tx()).await?;
+        }
+        if !zero.is_empty() {
+            let mut b = self.binds();
+            let (a, s) = (b.one(), b.one());
+            let values = b.rows(zero.len(), 2);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM root_ref_balances WHERE app_id = {a} AND space_id = {s} \
+                 AND (ref_domain, hash) IN (VALUES {values})"
+            )))
+            .bind(app.as_str())
+            .bind(space.as_str());
+            for ((domain, hash), _) in zero {
+                q = q.bind(domain.as_str()).bind(hb(hash));
+            }
+            q.execute(&mut **self.tx()).await?;
+        }
+        Ok(())
     }
 
     /// The rows that `select` (a `SELECT … FROM table WHERE <condition>`) finds in this
@@ -296,7 +290,7 @@ impl Partition {
         .collect()
     }
 
-    /// The open (current) balance of every (domain, hash) among the hashes the updates name.
+    /// The current balance of every (domain, hash) among the hashes the updates name.
     async fn open_balances(
         &mut self,
         updates: &[RootRefChange<'_>],
@@ -354,9 +348,8 @@ impl Partition {
 /// The earlier requests among a batch's (for [`Partition::rows_in`], by `request_id`).
 const EARLIER_REQUESTS: &str =
     "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests WHERE TRUE";
-/// The open balances of a batch's hashes (for [`Partition::rows_in`], by `hash`).
-const OPEN_BALANCES: &str =
-    "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE revision_to IS NULL";
+/// The current balances of a batch's hashes (for [`Partition::rows_in`], by `hash`).
+const OPEN_BALANCES: &str = "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE TRUE";
 
 /// The statement of [`Partition::rows_in`]: the partition, then `domains` domains (none: the
 /// table has no domain) and `keys` keys.

@@ -11,7 +11,7 @@
 //!   from the running lease without a write), beside `GET /healthz` of the same server under
 //!   the same load generator, and lease extensions that each write;
 //! - root-ref updates per second, 10 changes each, measured in steady state (after a first
-//!   phase of the same load has filled the balance history), and on SQLite the bytes the server
+//!   phase of the same load has filled the event history), and on SQLite the bytes the server
 //!   wrote per update (`wchar` of its `/proc/<pid>/io`: the write-ahead log and checkpoints);
 //! - small-node (1 KiB) uploads per second (lease, PUT, lease), and nodes stored per second
 //!   by batch leases of 100 nodes carried inline (on SQLite with the bytes written per node);
@@ -233,7 +233,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         }
         f.extensions = short.len() as f64 / start.elapsed().as_secs_f64();
     }
-    // Root-ref updates in steady state: a first phase fills the balance history (and the
+    // Root-ref updates in steady state: a first phase fills the event history (and the
     // statistics are gathered after it, as autovacuum would), the second is measured.
     root_ref_updates(&client, &sp, &ready, "warm").await?;
     analyze(&env).await?;
