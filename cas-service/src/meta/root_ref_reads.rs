@@ -51,6 +51,15 @@ pub struct Balance {
     pub ref_count: i64,
 }
 
+/// A balance's place in the order of pages: (space, domain, hash).
+type PageKey = (SpaceId, RefDomain, Hash);
+
+impl BalanceCursor {
+    fn key(&self) -> PageKey {
+        (self.space.clone(), self.domain.clone(), self.hash)
+    }
+}
+
 impl Balance {
     /// The cursor of a page that ends with this balance.
     pub fn cursor(&self) -> BalanceCursor {
@@ -155,11 +164,11 @@ impl MetaStore {
             .map(|r| r.try_get::<i64, _>("revision"))
             .transpose()?
             .unwrap_or(0);
-        let after = cursor.map(|c| (c.space.as_str().to_string(), c.domain.clone(), c.hash));
+        let after = cursor.map(BalanceCursor::key);
         let mut undo = if revision < current {
             changes_since(&mut tx, app, filter, revision, current, after.as_ref()).await?
         } else {
-            BalanceMap::new()
+            BTreeMap::new()
         };
         let limit = usize::try_from(limit).unwrap_or(0);
         let mut out = Vec::new();
@@ -168,10 +177,13 @@ impl MetaStore {
             let rows = current_balances(&mut tx, app, filter, from.as_ref(), limit as i64).await?;
             // Past the last row read, the next read decides; with no more rows, nothing does.
             let upto = (rows.len() >= limit)
-                .then(|| rows.last().map(key_of))
+                .then(|| rows.last().map(|b| b.cursor().key()))
                 .flatten();
-            let mut page: BalanceMap = rows.iter().map(|b| (key_of(b), b.ref_count)).collect();
-            let undone: Vec<_> = undo
+            let mut page: BTreeMap<PageKey, i64> = rows
+                .into_iter()
+                .map(|b| (b.cursor().key(), b.ref_count))
+                .collect();
+            let undone: Vec<PageKey> = undo
                 .keys()
                 .filter(|k| upto.as_ref().is_none_or(|u| *k <= u))
                 .cloned()
@@ -180,29 +192,20 @@ impl MetaStore {
                 let delta = undo.remove(&key).unwrap_or(0);
                 *page.entry(key).or_default() -= delta;
             }
-            out.extend(
-                page.into_iter()
-                    .filter(|(_, count)| *count != 0)
-                    .map(|((space, domain, hash), ref_count)| {
-                        Ok(Balance {
-                            space: space.parse().map_err(|e| {
-                                sqlx::Error::Decode(format!("space {space:?}: {e}").into())
-                            })?,
-                            domain,
-                            hash,
-                            ref_count,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, sqlx::Error>>()?,
-            );
+            out.extend(page.into_iter().filter(|(_, count)| *count != 0).map(
+                |((space, domain, hash), ref_count)| Balance {
+                    space,
+                    domain,
+                    hash,
+                    ref_count,
+                },
+            ));
             match upto {
-                Some(last) => {
+                Some((space, domain, hash)) => {
                     from = Some(BalanceCursor {
-                        space: last.0.parse().map_err(|e| {
-                            sqlx::Error::Decode(format!("space {:?}: {e}", last.0).into())
-                        })?,
-                        domain: last.1,
-                        hash: last.2,
+                        space,
+                        domain,
+                        hash,
                     })
                 }
                 None => break,
@@ -370,9 +373,9 @@ async fn changes_since(
     filter: RefFilter<'_>,
     since: i64,
     upto: i64,
-    after: Option<&(String, RefDomain, Hash)>,
-) -> Result<BalanceMap, BalanceReadError> {
-    let mut sums = BalanceMap::new();
+    after: Option<&PageKey>,
+) -> Result<BTreeMap<PageKey, i64>, BalanceReadError> {
+    let mut sums = BTreeMap::new();
     let mut undone = 0usize;
     let mut from = since;
     loop {
@@ -393,7 +396,7 @@ async fn changes_since(
                 if filter.hash.is_some_and(|h| *h != hash) {
                     continue;
                 }
-                let key = (e.space_id.as_str().to_string(), e.ref_domain.clone(), hash);
+                let key = (e.space_id.clone(), e.ref_domain.clone(), hash);
                 if after.is_some_and(|a| key <= *a) {
                     continue;
                 }
@@ -403,11 +406,6 @@ async fn changes_since(
     }
     sums.retain(|_, v| *v != 0);
     Ok(sums)
-}
-
-/// A balance's place in the order of pages.
-fn key_of(b: &Balance) -> (String, RefDomain, Hash) {
-    (b.space.as_str().to_string(), b.domain.clone(), b.hash)
 }
 
 #[cfg(test)]
