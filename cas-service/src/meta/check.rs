@@ -28,6 +28,16 @@ pub struct DanglingEdge {
     pub missing: &'static str,
 }
 
+/// A [`CountMismatch`] from a row of `space_id`, `hash`, `recorded` and `counted`.
+fn mismatch_from_row(r: &sqlx::any::AnyRow) -> Result<CountMismatch, sqlx::Error> {
+    Ok(CountMismatch {
+        space: id_col(r, "space_id")?,
+        hash: hash_col(r, "hash")?,
+        recorded: r.try_get("recorded")?,
+        counted: r.try_get("counted")?,
+    })
+}
+
 pub(super) fn space_filter(space: Option<&SpaceId>) -> (&'static str, String) {
     match space {
         Some(s) => ("AND n.space_id = $2", s.as_str().to_string()),
@@ -109,14 +119,7 @@ impl MetaStore {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(|r| {
-                Ok(CountMismatch {
-                    space: id_col(r, "space_id")?,
-                    hash: hash_col(r, "hash")?,
-                    recorded: r.try_get("recorded")?,
-                    counted: r.try_get("counted")?,
-                })
-            })
+            .map(mismatch_from_row)
             .collect()
     }
 
@@ -194,22 +197,15 @@ impl MetaStore {
     /// root ref count: `recorded` is the flag, `counted` the count.
     pub async fn rooted_mismatches(&self, app: &AppId) -> Result<Vec<CountMismatch>, sqlx::Error> {
         sqlx::query(
-            "SELECT space_id, hash, CAST(rooted AS BIGINT) AS rooted, root_ref_count FROM nodes \
-             WHERE app_id = $1 \
+            "SELECT space_id, hash, CAST(rooted AS BIGINT) AS recorded, \
+             root_ref_count AS counted FROM nodes WHERE app_id = $1 \
              AND rooted <> CASE WHEN root_ref_count > 0 THEN 1 ELSE 0 END",
         )
         .bind(app.as_str())
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(|r| {
-            Ok(CountMismatch {
-                space: id_col(r, "space_id")?,
-                hash: hash_col(r, "hash")?,
-                recorded: r.try_get("rooted")?,
-                counted: r.try_get("root_ref_count")?,
-            })
-        })
+        .map(mismatch_from_row)
         .collect()
     }
 

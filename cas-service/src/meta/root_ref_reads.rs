@@ -232,27 +232,22 @@ impl MetaStore {
 
     /// The sum of every event's delta per (space, domain, hash) of an App (for consistency
     /// checks).
-    pub async fn event_sums(&self, app: &AppId) -> Result<BalanceMap, sqlx::Error> {
-        let mut sums = BalanceMap::new();
-        let mut after = 0;
-        loop {
-            let batch = self
-                .events(app, RefFilter::default(), after, i64::MAX, 1000)
-                .await?;
-            let Some(last) = batch.last() else { break };
-            after = last.revision;
-            for e in &batch {
-                let changes: BTreeMap<Hash, i64> = serde_json::from_str(&e.changes)
-                    .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
-                for (h, d) in changes {
-                    *sums
-                        .entry((e.space_id.as_str().to_string(), e.ref_domain.clone(), h))
-                        .or_default() += d;
-                }
-            }
-        }
-        sums.retain(|_, v| *v != 0);
-        Ok(sums)
+    pub async fn event_sums(&self, app: &AppId) -> Result<BalanceMap, BalanceReadError> {
+        let mut conn = self.pool.acquire().await?;
+        let sums = sum_events(
+            &mut conn,
+            app,
+            RefFilter::default(),
+            0,
+            i64::MAX,
+            None,
+            |_| true,
+        );
+        Ok(sums
+            .await?
+            .into_iter()
+            .map(|((space, domain, hash), sum)| ((space.as_str().to_string(), domain, hash), sum))
+            .collect())
     }
 }
 
@@ -269,37 +264,60 @@ async fn events_in(
         "SELECT revision, space_id, ref_domain, request_id, changes, actor, applied_at \
              FROM root_ref_events WHERE app_id = $1 AND revision > $2 AND revision <= $3",
     );
-    let mut n = 4;
     let mut binds = Vec::new();
-    if let Some(space) = filter.space {
-        sql.push_str(&format!(" AND space_id = ${n}"));
-        binds.push(space.as_str().to_string());
-        n += 1;
-    }
-    if let Some(domain) = filter.domain {
-        sql.push_str(&format!(" AND ref_domain = ${n}"));
-        binds.push(domain.as_str().to_string());
-        n += 1;
-    }
+    let mut n = push_scope(&mut sql, &mut binds, 4, filter);
     if let Some(hash) = filter.hash {
         sql.push_str(&format!(" AND changes LIKE ${n}"));
-        binds.push(format!("%\"{hash}\"%"));
+        binds.push(Bind::Text(format!("%\"{hash}\"%")));
         n += 1;
     }
     sql.push_str(&format!(" ORDER BY revision LIMIT ${n}"));
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+    let q = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(app.as_str())
         .bind(after)
         .bind(upto);
-    for b in binds {
-        q = q.bind(b);
-    }
-    q.bind(limit)
+    bind_all(q, binds)
+        .bind(limit)
         .fetch_all(&mut *conn)
         .await?
         .iter()
         .map(event_from_row)
         .collect()
+}
+
+/// Appends the Space and domain conditions of `filter` to `sql`, numbered from `n`, and their
+/// values to `binds`; returns the next number.
+fn push_scope(
+    sql: &mut String,
+    binds: &mut Vec<Bind>,
+    mut n: usize,
+    filter: RefFilter<'_>,
+) -> usize {
+    if let Some(space) = filter.space {
+        sql.push_str(&format!(" AND space_id = ${n}"));
+        binds.push(Bind::Text(space.as_str().to_string()));
+        n += 1;
+    }
+    if let Some(domain) = filter.domain {
+        sql.push_str(&format!(" AND ref_domain = ${n}"));
+        binds.push(Bind::Text(domain.as_str().to_string()));
+        n += 1;
+    }
+    n
+}
+
+/// Binds `binds` in order.
+fn bind_all<'q>(
+    mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    binds: Vec<Bind>,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    for b in binds {
+        q = match b {
+            Bind::Text(t) => q.bind(t),
+            Bind::Bytes(v) => q.bind(v),
+        };
+    }
+    q
 }
 
 /// The current balances that `filter` selects, ordered by (space, domain, hash), after
@@ -314,18 +332,8 @@ async fn current_balances(
     let mut sql = String::from(
         "SELECT space_id, ref_domain, hash, ref_count FROM root_ref_balances WHERE app_id = $1",
     );
-    let mut n = 2;
-    let mut binds: Vec<Bind> = Vec::new();
-    if let Some(space) = filter.space {
-        sql.push_str(&format!(" AND space_id = ${n}"));
-        binds.push(Bind::Text(space.as_str().to_string()));
-        n += 1;
-    }
-    if let Some(domain) = filter.domain {
-        sql.push_str(&format!(" AND ref_domain = ${n}"));
-        binds.push(Bind::Text(domain.as_str().to_string()));
-        n += 1;
-    }
+    let mut binds = Vec::new();
+    let mut n = push_scope(&mut sql, &mut binds, 2, filter);
     if let Some(hash) = filter.hash {
         sql.push_str(&format!(" AND hash = ${n}"));
         binds.push(Bind::Bytes(hb(hash)));
@@ -343,14 +351,9 @@ async fn current_balances(
         n += 3;
     }
     sql.push_str(&format!(" ORDER BY space_id, ref_domain, hash LIMIT ${n}"));
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(app.as_str());
-    for b in binds {
-        q = match b {
-            Bind::Text(t) => q.bind(t),
-            Bind::Bytes(v) => q.bind(v),
-        };
-    }
-    q.bind(limit)
+    let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(app.as_str());
+    bind_all(q, binds)
+        .bind(limit)
         .fetch_all(&mut *conn)
         .await?
         .iter()
@@ -365,8 +368,8 @@ async fn current_balances(
         .collect()
 }
 
-/// The sum of the changes per (space, domain, hash) of the events in `(since, upto]`
-/// that `filter` selects, beyond `after`; refuses to sum more than [`MAX_UNDONE_CHANGES`].
+/// The changes of the events in `(since, upto]` beyond `after` that `filter` selects, summed
+/// per (space, domain, hash); refuses to undo more than [`MAX_UNDONE_CHANGES`].
 async fn changes_since(
     conn: &mut sqlx::AnyConnection,
     app: &AppId,
@@ -375,8 +378,33 @@ async fn changes_since(
     upto: i64,
     after: Option<&PageKey>,
 ) -> Result<BTreeMap<PageKey, i64>, BalanceReadError> {
+    let beyond = |key: &PageKey| after.is_none_or(|a| key > a);
+    sum_events(
+        conn,
+        app,
+        filter,
+        since,
+        upto,
+        Some(MAX_UNDONE_CHANGES),
+        beyond,
+    )
+    .await
+}
+
+/// The changes of the events in `(since, upto]` that `filter` selects and `keep` keeps,
+/// summed per (space, domain, hash), zero sums left out. With `most`, refuses once the events
+/// read hold more changes than that.
+async fn sum_events(
+    conn: &mut sqlx::AnyConnection,
+    app: &AppId,
+    filter: RefFilter<'_>,
+    since: i64,
+    upto: i64,
+    most: Option<usize>,
+    keep: impl Fn(&PageKey) -> bool,
+) -> Result<BTreeMap<PageKey, i64>, BalanceReadError> {
     let mut sums = BTreeMap::new();
-    let mut undone = 0usize;
+    let mut read = 0usize;
     let mut from = since;
     loop {
         let batch = events_in(conn, app, filter, from, upto, 1000).await?;
@@ -385,8 +413,8 @@ async fn changes_since(
         for e in &batch {
             let changes: BTreeMap<Hash, i64> = serde_json::from_str(&e.changes)
                 .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
-            undone += changes.len();
-            if undone > MAX_UNDONE_CHANGES {
+            read += changes.len();
+            if most.is_some_and(|most| read > most) {
                 return Err(BalanceReadError::TooFarBehind {
                     revision: since,
                     current: upto,
@@ -397,10 +425,9 @@ async fn changes_since(
                     continue;
                 }
                 let key = (e.space_id.clone(), e.ref_domain.clone(), hash);
-                if after.is_some_and(|a| key <= *a) {
-                    continue;
+                if keep(&key) {
+                    *sums.entry(key).or_default() += delta;
                 }
-                *sums.entry(key).or_default() += delta;
             }
         }
     }
