@@ -54,8 +54,8 @@ enum Planned {
     Replayed(i64),
 }
 
-/// How many hashes one combined statement names at most: with seven values bound for each,
-/// within what both databases bind (SQLite 32,766, Postgres 65,535).
+/// How many hashes one combined statement names at most: with at most five values bound for
+/// each (a balance row), within what both databases bind (SQLite 32,766, Postgres 65,535).
 pub const MAX_BATCH_HASHES: usize = 4000;
 
 impl Partition {
