@@ -135,12 +135,7 @@ fn event_from_row(r: &sqlx::any::AnyRow) -> Result<RootRefEvent, sqlx::Error> {
 impl MetaStore {
     /// The App's current revision, or `None` for an unknown App.
     pub async fn app_revision(&self, app: &AppId) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query("SELECT revision FROM apps WHERE app_id = $1")
-            .bind(app.as_str())
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|r| r.try_get("revision"))
-            .transpose()
+        revision_of(&mut *self.pool.acquire().await?, app).await
     }
 
     /// Balances as they were at `revision`, ordered by (space, domain, hash), after `cursor`,
@@ -157,13 +152,7 @@ impl MetaStore {
         limit: i64,
     ) -> Result<Vec<Balance>, BalanceReadError> {
         let mut tx = self.sql.snapshot().await?;
-        let current = sqlx::query("SELECT revision FROM apps WHERE app_id = $1")
-            .bind(app.as_str())
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.try_get::<i64, _>("revision"))
-            .transpose()?
-            .unwrap_or(0);
+        let current = revision_of(&mut tx, app).await?.unwrap_or(0);
         let after = cursor.map(BalanceCursor::key);
         let mut undo = if revision < current {
             changes_since(&mut tx, app, filter, revision, current, after.as_ref()).await?
@@ -176,20 +165,22 @@ impl MetaStore {
         while out.len() < limit {
             let rows = current_balances(&mut tx, app, filter, from.as_ref(), limit as i64).await?;
             // Past the last row read, the next read decides; with no more rows, nothing does.
-            let upto = (rows.len() >= limit)
-                .then(|| rows.last().map(|b| b.cursor().key()))
+            let last = (rows.len() >= limit)
+                .then(|| rows.last().map(Balance::cursor))
                 .flatten();
             let mut page: BTreeMap<PageKey, i64> = rows
                 .into_iter()
                 .map(|b| (b.cursor().key(), b.ref_count))
                 .collect();
-            let undone: Vec<PageKey> = undo
-                .keys()
-                .filter(|k| upto.as_ref().is_none_or(|u| *k <= u))
-                .cloned()
-                .collect();
-            for key in undone {
-                let delta = undo.remove(&key).unwrap_or(0);
+            // The changes undone up to that row, and those beyond it for the next read.
+            let mut undone = std::mem::take(&mut undo);
+            if let Some(upto) = last.as_ref().map(BalanceCursor::key) {
+                undo = undone.split_off(&upto);
+                if let Some(delta) = undo.remove(&upto) {
+                    undone.insert(upto, delta);
+                }
+            }
+            for (key, delta) in undone {
                 *page.entry(key).or_default() -= delta;
             }
             out.extend(page.into_iter().filter(|(_, count)| *count != 0).map(
@@ -200,14 +191,8 @@ impl MetaStore {
                     ref_count,
                 },
             ));
-            match upto {
-                Some((space, domain, hash)) => {
-                    from = Some(BalanceCursor {
-                        space,
-                        domain,
-                        hash,
-                    })
-                }
+            match last {
+                Some(c) => from = Some(c),
                 None => break,
             }
         }
@@ -249,6 +234,19 @@ impl MetaStore {
             .map(|((space, domain, hash), sum)| ((space.as_str().to_string(), domain, hash), sum))
             .collect())
     }
+}
+
+/// The App's current revision, on one connection (`None` for an unknown App).
+async fn revision_of(
+    conn: &mut sqlx::AnyConnection,
+    app: &AppId,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query("SELECT revision FROM apps WHERE app_id = $1")
+        .bind(app.as_str())
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|r| r.try_get("revision"))
+        .transpose()
 }
 
 /// [`MetaStore::events`] on one connection (a snapshot's, for [`MetaStore::balances_at`]).
