@@ -157,3 +157,30 @@ impl From<crate::meta::BalanceReadError> for ApiError {
 
 /// Result alias of the service.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::BalanceReadError;
+
+    /// A page whose cursor is too far behind is the client's to restart: 400 with what to do;
+    /// a database failure stays a server error.
+    #[test]
+    fn balance_reads_answer_by_cause() {
+        let e = ApiError::from(BalanceReadError::TooFarBehind {
+            revision: 3,
+            current: 200_000,
+        });
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, "INVALID_REQUEST")
+        );
+        assert!(
+            e.message.contains("read again from the first page"),
+            "{}",
+            e.message
+        );
+        let e = ApiError::from(BalanceReadError::Database(sqlx::Error::PoolTimedOut));
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+}
