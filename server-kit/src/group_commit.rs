@@ -2,17 +2,18 @@
 //!
 //! A [`GroupCommit`] serializes the operations of one key (a database on SQLite, a partition
 //! on Postgres) as a mutex would, but keeps the transaction open between them: each operation
-//! runs inside a savepoint of the key's open batch, and when it is done it is *queued* for the
-//! batch's commit rather than committed alone. The last operation in line (nobody waiting for
-//! the key), or the one that fills the batch, commits it, and every operation of the batch is
-//! answered with the result of that one commit. So an answer still means committed and
-//! durable; what changes is that one fsync serves everyone who arrived while the previous
-//! one was under way.
+//! runs inside a savepoint of the key's open batch (the first one of a batch needs none), and
+//! when it is done it is *queued* for the batch's commit rather than committed alone. The last
+//! operation in line (nobody waiting for the key), or the one that fills the batch, commits
+//! it, and every operation of the batch is answered with the result of that one commit. So an
+//! answer still means committed and durable; what changes is that one fsync serves everyone
+//! who arrived while the previous one was under way.
 //!
 //! An operation that fails (or is dropped) before it is queued is rolled back to its savepoint
-//! alone; the others of its batch commit. A failed commit fails every operation of its batch
-//! and none of them is applied. A queued operation whose batch nobody else commits (everyone
-//! behind it gave up waiting) commits it itself after [`FLUSH_AFTER`].
+//! alone (the first one of a batch, with the batch, which holds nothing else); the others of
+//! its batch commit. A failed commit fails every operation of its batch and none of them is
+//! applied. A queued operation whose batch nobody else commits (everyone behind it gave up
+//! waiting) commits it itself after [`FLUSH_AFTER`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -142,7 +143,8 @@ impl GroupCommit {
                 .is_ok_and(|slot| slot.open.is_none())
     }
 
-    /// Holds the key for one operation, inside a savepoint of the open batch; `begin` opens a
+    /// Holds the key for one operation, inside a savepoint of the open batch (or as the first
+    /// operation of a new one); `begin` opens a
     /// new batch's transaction (and takes whatever lock it needs inside it) when none is open.
     pub async fn hold<F, Fut>(&self, begin: F) -> Result<Operation, sqlx::Error>
     where
@@ -177,7 +179,10 @@ impl GroupCommit {
                 Err(e) => fail_batch(&mut guard, &e),
             }
         }
-        if guard.open.is_none() {
+        // The first operation of a batch needs no savepoint: if it fails, the batch holds
+        // nothing else and is dropped whole.
+        let first = guard.open.is_none();
+        if first {
             let beginning = Instant::now();
             let tx = begin().await?;
             observe(CommitEvent::Began {
@@ -196,10 +201,13 @@ impl GroupCommit {
         let mut op = Operation {
             guard: Some(guard),
             shared: self.shared.clone(),
+            savepoint: !first,
         };
-        sqlx::query("SAVEPOINT unicas_op")
-            .execute(&mut **op.tx())
-            .await?;
+        if op.savepoint {
+            sqlx::query("SAVEPOINT unicas_op")
+                .execute(&mut **op.tx())
+                .await?;
+        }
         Ok(op)
     }
 }
@@ -256,11 +264,14 @@ async fn flush(slot: &mut Slot, observer: Option<&CommitObserver>) {
     }
 }
 
-/// One operation holding its key, inside its savepoint. [`Operation::commit`] queues it for
-/// the batch's commit and answers when that commit is durable; dropping it rolls it back.
+/// One operation holding its key, inside its savepoint (or first in its batch).
+/// [`Operation::commit`] queues it for the batch's commit and answers when that commit is
+/// durable; dropping it rolls it back.
 pub struct Operation {
     guard: Option<OwnedMutexGuard<Slot>>,
     shared: Arc<Shared>,
+    /// Inside a savepoint (every operation but the first of its batch).
+    savepoint: bool,
 }
 
 impl Operation {
@@ -276,9 +287,11 @@ impl Operation {
     /// Queues the operation for its batch's commit and waits until that commit is done:
     /// `Ok` means durable.
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        sqlx::query("RELEASE SAVEPOINT unicas_op")
-            .execute(&mut **self.tx())
-            .await?;
+        if self.savepoint {
+            sqlx::query("RELEASE SAVEPOINT unicas_op")
+                .execute(&mut **self.tx())
+                .await?;
+        }
         let Some(mut guard) = self.guard.take() else {
             return Err(to_error(Arc::from("the operation holds no batch")));
         };

@@ -50,6 +50,8 @@ pub struct PoolOptions {
 #[derive(Clone)]
 pub struct SqlPool {
     pool: AnyPool,
+    /// SQLite: the one connection that write transactions use.
+    writes: Option<AnyPool>,
     dialect: Dialect,
     url: String,
     /// SQLite: the single in-process writer.
@@ -245,34 +247,57 @@ impl SqlPool {
                 .with_context(|| format!("cannot create data dir {}", dir.display()))?;
         }
         let full_sync = options.sqlite_full_sync;
-        let pool = AnyPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(Duration::from_secs(30))
-            // No ping before each use: a round trip per statement batch on Postgres and a
-            // worker hop on SQLite; a broken connection fails its statement and is replaced.
-            .test_before_acquire(false)
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if dialect == Dialect::Sqlite {
-                        sqlite_settings(conn, full_sync).await?;
-                    }
-                    Ok(())
+        let open = |options: AnyPoolOptions| {
+            options
+                .acquire_timeout(Duration::from_secs(30))
+                // No ping before each use: a round trip per statement batch on Postgres and a
+                // worker hop on SQLite; a broken connection fails its statement and is
+                // replaced.
+                .test_before_acquire(false)
+                .after_connect(move |conn, _meta| {
+                    Box::pin(async move {
+                        if dialect == Dialect::Sqlite {
+                            sqlite_settings(conn, full_sync).await?;
+                        }
+                        Ok(())
+                    })
                 })
-            })
+        };
+        let connected = |e| {
+            anyhow::Error::new(e).context(format!(
+                "cannot connect to the database {}",
+                redact_url(&options.url)
+            ))
+        };
+        let pool = open(AnyPoolOptions::new().max_connections(options.max_connections))
             .connect(&options.url)
             .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to the database {}",
-                    redact_url(&options.url)
+            .map_err(connected)?;
+        // SQLite: every write transaction on one connection, kept open. A connection's page
+        // cache survives only its own commits (one that finds the database changed by another
+        // connection starts cold), so writes spread over the pool would each begin by reading
+        // back every page they touch.
+        let writes = match dialect {
+            Dialect::Sqlite => Some(
+                open(
+                    AnyPoolOptions::new()
+                        .max_connections(1)
+                        .idle_timeout(None)
+                        .max_lifetime(None),
                 )
-            })?;
+                .connect(&options.url)
+                .await
+                .map_err(connected)?,
+            ),
+            Dialect::Postgres => None,
+        };
         let writer = Arc::new(tokio::sync::Mutex::new(()));
         if dialect == Dialect::Sqlite {
             tokio::spawn(checkpoints(pool.clone(), Arc::downgrade(&writer)));
         }
         Ok(SqlPool {
             pool,
+            writes,
             dialect,
             url: options.url,
             writer,
@@ -325,7 +350,8 @@ impl SqlPool {
         match self.dialect {
             Dialect::Sqlite => {
                 let local = self.writer.clone().lock_owned().await;
-                let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+                let pool = self.writes.as_ref().unwrap_or(&self.pool);
+                let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 Ok(WriteTx {
                     tx,
                     _local: Some(local),
@@ -357,6 +383,9 @@ impl SqlPool {
     }
 
     pub async fn close(&self) {
+        if let Some(writes) = &self.writes {
+            writes.close().await;
+        }
         self.pool.close().await;
     }
 }

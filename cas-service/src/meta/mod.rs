@@ -42,6 +42,7 @@ mod nodes;
 mod object_names;
 mod packs;
 mod publish;
+mod root_ref_plan;
 mod root_ref_reads;
 mod root_refs;
 mod usage;
@@ -123,6 +124,11 @@ impl Partition {
         Binds::new(self.dialect)
     }
 
+    /// A new statement of this store's dialect.
+    pub(crate) fn statement(&self) -> Statement {
+        Statement::new(self.dialect)
+    }
+
     /// The rows a query of the partition finds for the distinct `hashes`, a statement per
     /// [`ROWS_PER_STATEMENT`]: `sql(app, space, list)` writes it from the placeholders of
     /// the App, the Space and the list of hashes, in that order in its text.
@@ -148,6 +154,130 @@ impl Partition {
         }
         Ok(rows)
     }
+}
+
+/// A value bound to a statement built piece by piece.
+#[derive(Debug, Clone)]
+pub(crate) enum Value {
+    Text(String),
+    Bytes(Vec<u8>),
+    Int(i64),
+}
+
+/// A statement written piece by piece with its values: each value's placeholder is written
+/// where the value is given, so the values are bound in the order of the text (see
+/// [`Binds`]).
+pub(crate) struct Statement {
+    sql: String,
+    dialect: Dialect,
+    binds: Binds,
+    values: Vec<Value>,
+}
+
+impl Statement {
+    pub(crate) fn new(dialect: Dialect) -> Self {
+        Statement {
+            sql: String::new(),
+            dialect,
+            binds: Binds::new(dialect),
+            values: Vec::new(),
+        }
+    }
+
+    /// Appends `UPDATE nodes SET {set} FROM (VALUES …) AS v WHERE …` for `rows` of one
+    /// partition, each a hash and its values, which `set` reads as `v.column2`, `v.column3`,
+    /// …. On SQLite every row also carries the partition (as its last two columns): with the
+    /// partition bound once, SQLite's planner, which has no statistics, takes scanning the
+    /// partition's nodes and probing the list for each as the cheaper plan, whose cost grows
+    /// with the partition; with the whole key in the rows it seeks each row's node. Postgres
+    /// plans the partition bound once from its statistics.
+    pub(crate) fn update_nodes(
+        &mut self,
+        (app, space): (&str, &str),
+        set: &str,
+        rows: impl IntoIterator<Item = (Hash, Vec<Value>)>,
+    ) -> &mut Self {
+        let sqlite = self.dialect == Dialect::Sqlite;
+        let text = |s: &str| Value::Text(s.to_string());
+        self.text("UPDATE nodes SET ")
+            .text(set)
+            .text(" FROM (VALUES ");
+        let mut width = 0;
+        for (i, (hash, values)) in rows.into_iter().enumerate() {
+            width = values.len() + 1;
+            let key = sqlite.then(|| [text(app), text(space)]);
+            self.comma(i).tuple(
+                std::iter::once(Value::Bytes(hb(&hash)))
+                    .chain(values)
+                    .chain(key.into_iter().flatten()),
+            );
+        }
+        if sqlite {
+            self.text(&format!(
+                ") AS v WHERE nodes.hash = v.column1 AND nodes.app_id = v.column{} \
+                 AND nodes.space_id = v.column{}",
+                width + 1,
+                width + 2
+            ))
+        } else {
+            self.text(") AS v WHERE nodes.app_id = ")
+                .value(text(app))
+                .text(" AND nodes.space_id = ")
+                .value(text(space))
+                .text(" AND nodes.hash = v.column1")
+        }
+    }
+
+    /// Appends text.
+    pub(crate) fn text(&mut self, sql: &str) -> &mut Self {
+        self.sql.push_str(sql);
+        self
+    }
+
+    /// Appends the placeholder of `value`.
+    pub(crate) fn value(&mut self, value: Value) -> &mut Self {
+        let p = self.binds.one();
+        self.sql.push_str(&p);
+        self.values.push(value);
+        self
+    }
+
+    /// `, ` before every element of a list but the first (`i` = 0).
+    pub(crate) fn comma(&mut self, i: usize) -> &mut Self {
+        if i > 0 {
+            self.text(", ");
+        }
+        self
+    }
+
+    /// Appends a parenthesized tuple of `values`.
+    pub(crate) fn tuple(&mut self, values: impl IntoIterator<Item = Value>) -> &mut Self {
+        self.text("(");
+        for (i, v) in values.into_iter().enumerate() {
+            self.comma(i).value(v);
+        }
+        self.text(")")
+    }
+
+    /// The query, its values bound.
+    pub(crate) fn query(self) -> sqlx::query::Query<'static, Any, sqlx::any::AnyArguments> {
+        bind_all(sqlx::query(sqlx::AssertSqlSafe(self.sql)), self.values)
+    }
+}
+
+/// Binds `values` in order.
+pub(crate) fn bind_all<'q>(
+    mut q: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments>,
+    values: Vec<Value>,
+) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments> {
+    for v in values {
+        q = match v {
+            Value::Text(t) => q.bind(t),
+            Value::Bytes(b) => q.bind(b),
+            Value::Int(i) => q.bind(i),
+        };
+    }
+    q
 }
 
 /// Rows (or hashes) that one statement writes or names at most: SQLite binds at most 32,766
@@ -266,10 +396,14 @@ impl MetaStore {
             match self.dialect {
                 Dialect::Sqlite => self.sql.write().await,
                 Dialect::Postgres => {
-                    let mut tx = self.pool.begin().await?;
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(partition_key(app.as_str(), space.as_str()))
-                        .execute(&mut *tx)
+                    // One round trip: the lock is taken by the statement that begins the
+                    // transaction (its key is a number the service computed).
+                    let key = partition_key(app.as_str(), space.as_str());
+                    let tx = self
+                        .pool
+                        .begin_with(sqlx::AssertSqlSafe(format!(
+                            "BEGIN; SELECT pg_advisory_xact_lock({key})"
+                        )))
                         .await?;
                     Ok(WriteTx::from_tx(tx))
                 }

@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::generations::decode_err;
-use super::{MetaStore, Partition, ROWS_PER_STATEMENT, hash_col, hb};
+use super::{MetaStore, Partition, ROWS_PER_STATEMENT, Value, hash_col, hb};
 use crate::blob::Encoding;
 
 /// A node row. Presence without `collecting_since` is readiness.
@@ -272,21 +272,15 @@ impl Partition {
     pub async fn set_leases(&mut self, leases: &[(Hash, i64, i64)]) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
         for part in leases.chunks(ROWS_PER_STATEMENT) {
-            let mut b = self.binds();
-            let values = b.rows(part.len(), 3);
-            let (a, s) = (b.one(), b.one());
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE nodes SET lease_started_at = v.column2, lease_expires_at = v.column3 \
-                 FROM (VALUES {values}) AS v \
-                 WHERE nodes.app_id = {a} AND nodes.space_id = {s} AND nodes.hash = v.column1"
-            )));
-            for (hash, started, expires) in part {
-                q = q.bind(hb(hash)).bind(*started).bind(*expires);
-            }
-            q.bind(app.as_str())
-                .bind(space.as_str())
-                .execute(&mut **self.tx())
-                .await?;
+            let mut q = self.statement();
+            q.update_nodes(
+                (app.as_str(), space.as_str()),
+                "lease_started_at = v.column2, lease_expires_at = v.column3",
+                part.iter().map(|(hash, started, expires)| {
+                    (*hash, vec![Value::Int(*started), Value::Int(*expires)])
+                }),
+            );
+            q.query().execute(&mut **self.tx()).await?;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use cas_format::Hash;
 use super::generations::{Evidence, GenState, Generation};
 use super::nodes::{FinalizeOutcome, NodeRow, StoredObject};
 use super::usage::UsageDelta;
-use super::{Partition, ROWS_PER_STATEMENT, hb};
+use super::{Partition, ROWS_PER_STATEMENT, Value, hb};
 use crate::lease::lease_window;
 
 /// A node to publish: its validated generation, what validation proved and how the object
@@ -332,22 +332,13 @@ impl Partition {
     ) -> Result<(), sqlx::Error> {
         let (app, space) = (self.app.clone(), self.space.clone());
         for part in counts.chunks(ROWS_PER_STATEMENT) {
-            let mut b = self.binds();
-            let values = b.rows(part.len(), 2);
-            let (a, s) = (b.one(), b.one());
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE nodes SET child_ref_count = nodes.child_ref_count + v.column2 \
-                 FROM (VALUES {values}) AS v \
-                 WHERE nodes.app_id = {a} AND nodes.space_id = {s} AND nodes.hash = v.column1"
-            )));
-            for (child, n) in part {
-                q = q.bind(hb(child)).bind(*n);
-            }
-            let done = q
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .execute(&mut **self.tx())
-                .await?;
+            let mut q = self.statement();
+            q.update_nodes(
+                (app.as_str(), space.as_str()),
+                "child_ref_count = nodes.child_ref_count + v.column2",
+                part.iter().map(|(child, n)| (*child, vec![Value::Int(*n)])),
+            );
+            let done = q.query().execute(&mut **self.tx()).await?;
             if done.rows_affected() != part.len() as u64 {
                 return Err(sqlx::Error::Protocol(format!(
                     "{} of {} children of edges have no node row",

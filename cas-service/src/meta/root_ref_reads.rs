@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use cas_format::{AppId, Hash, RefDomain, SpaceId};
 use sqlx::Row;
 
-use super::{MetaStore, hash_col, hb, id_col};
+use super::{MetaStore, Value, bind_all, hash_col, hb, id_col};
 
 /// One event of the App-global root-ref stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,11 +27,6 @@ pub struct RefFilter<'a> {
     pub space: Option<&'a SpaceId>,
     pub domain: Option<&'a RefDomain>,
     pub hash: Option<&'a Hash>,
-}
-
-enum Bind {
-    Text(String),
-    Bytes(Vec<u8>),
 }
 
 /// Where a page of balances continues: after (space, domain, hash).
@@ -266,7 +261,7 @@ async fn events_in(
     let mut n = push_scope(&mut sql, &mut binds, 4, filter);
     if let Some(hash) = filter.hash {
         sql.push_str(&format!(" AND changes LIKE ${n}"));
-        binds.push(Bind::Text(format!("%\"{hash}\"%")));
+        binds.push(Value::Text(format!("%\"{hash}\"%")));
         n += 1;
     }
     sql.push_str(&format!(" ORDER BY revision LIMIT ${n}"));
@@ -287,35 +282,21 @@ async fn events_in(
 /// values to `binds`; returns the next number.
 fn push_scope(
     sql: &mut String,
-    binds: &mut Vec<Bind>,
+    binds: &mut Vec<Value>,
     mut n: usize,
     filter: RefFilter<'_>,
 ) -> usize {
     if let Some(space) = filter.space {
         sql.push_str(&format!(" AND space_id = ${n}"));
-        binds.push(Bind::Text(space.as_str().to_string()));
+        binds.push(Value::Text(space.as_str().to_string()));
         n += 1;
     }
     if let Some(domain) = filter.domain {
         sql.push_str(&format!(" AND ref_domain = ${n}"));
-        binds.push(Bind::Text(domain.as_str().to_string()));
+        binds.push(Value::Text(domain.as_str().to_string()));
         n += 1;
     }
     n
-}
-
-/// Binds `binds` in order.
-fn bind_all<'q>(
-    mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    binds: Vec<Bind>,
-) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
-    for b in binds {
-        q = match b {
-            Bind::Text(t) => q.bind(t),
-            Bind::Bytes(v) => q.bind(v),
-        };
-    }
-    q
 }
 
 /// The current balances that `filter` selects, ordered by (space, domain, hash), after
@@ -334,7 +315,7 @@ async fn current_balances(
     let mut n = push_scope(&mut sql, &mut binds, 2, filter);
     if let Some(hash) = filter.hash {
         sql.push_str(&format!(" AND hash = ${n}"));
-        binds.push(Bind::Bytes(hb(hash)));
+        binds.push(Value::Bytes(hb(hash)));
         n += 1;
     }
     if let Some(c) = cursor {
@@ -343,9 +324,9 @@ async fn current_balances(
             n + 1,
             n + 2
         ));
-        binds.push(Bind::Text(c.space.as_str().to_string()));
-        binds.push(Bind::Text(c.domain.as_str().to_string()));
-        binds.push(Bind::Bytes(hb(&c.hash)));
+        binds.push(Value::Text(c.space.as_str().to_string()));
+        binds.push(Value::Text(c.domain.as_str().to_string()));
+        binds.push(Value::Bytes(hb(&c.hash)));
         n += 3;
     }
     sql.push_str(&format!(" ORDER BY space_id, ref_domain, hash LIMIT ${n}"));

@@ -1,17 +1,20 @@
-//! Root references: one transaction per accepted update (idempotency, App-global revision,
-//! counts, event, current balances). Reads are in `root_ref_reads`.
+//! Root references: the updates of a batch applied in two round trips to the database, one
+//! of lookups and one of writes (App-global revisions, counts, current balances, events,
+//! idempotency records). The batch is planned in `root_ref_plan`; reads are in
+//! `root_ref_reads`.
 //!
 //! Balances are kept per (Space, domain, hash); a node's `root_ref_count` is their sum over
 //! domains. As the public contract has it, only that sum must stay at or above zero: a domain's
 //! own balance may go below zero (one domain releasing what another took), and every count
 //! stays within ±(2^53 − 1).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
-use super::{Binds, Partition, hash_col, hb, id_col};
+use super::root_ref_plan::{Found, Planned, Step, plan};
+use super::{Dialect, Partition, Statement, Value, hb};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
 pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
@@ -44,18 +47,9 @@ pub struct RootRefChange<'a> {
 /// What became of one update: `(revision, idempotent)`, or why it was refused.
 pub type RootRefOutcome = Result<(i64, bool), RootRefRejection>;
 
-/// An update accepted in memory, numbered 1.. within its batch until the batch's revisions
-/// are known.
-enum Planned {
-    Done(RootRefOutcome),
-    /// Applied as the batch's `k`-th new revision.
-    Applied(i64),
-    /// A replay of the batch's `k`-th new revision.
-    Replayed(i64),
-}
-
-/// How many hashes one combined statement names at most: with at most five values bound for
-/// each (a balance row), within what both databases bind (SQLite 32,766, Postgres 65,535).
+/// How many hashes the changes of one batch name at most: its writes bind at most seven values
+/// for each (a count and a balance) and fourteen for each of its at most 256 updates, 31,586 in
+/// all, within what one statement binds on both databases (SQLite 32,766, Postgres 65,535).
 pub const MAX_BATCH_HASHES: usize = 4000;
 
 impl Partition {
@@ -82,10 +76,11 @@ impl Partition {
             .ok_or_else(|| sqlx::Error::Protocol("an update was left without an outcome".into()))
     }
 
-    /// Applies (or replays) several updates in order, each with a revision of its own, in a
-    /// handful of statements whatever their number: each is checked against the counts the
-    /// ones before it left, and one that is refused changes nothing and does not stop the
-    /// others. The changes together name at most [`MAX_BATCH_HASHES`] hashes.
+    /// Applies (or replays) several updates in order, each with a revision of its own, in two
+    /// statements whatever their number (one that reads, one that writes: each a single
+    /// round trip to the database): each is checked against the counts the ones before it
+    /// left, and one that is refused changes nothing and does not stop the others. The
+    /// changes together name at most [`MAX_BATCH_HASHES`] hashes.
     pub async fn update_root_refs_many(
         &mut self,
         updates: &[RootRefChange<'_>],
@@ -94,273 +89,335 @@ impl Partition {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
-        let (app, space) = (self.app.clone(), self.space.clone());
-        let earlier = self.earlier_requests(updates).await?;
-        let counts = self.current_counts(updates).await?;
-        let balances = self.open_balances(updates).await?;
-        let (planned, steps) = plan(updates, &earlier, counts, balances);
+        let found = self.lookups(updates).await?;
+        let (planned, steps) = plan(updates, &found.requests, found.counts, found.balances);
         let accepted = steps.len() as i64;
-        let finish = |planned: Vec<Planned>, base: i64| -> Vec<RootRefOutcome> {
-            planned
-                .into_iter()
-                .map(|p| match p {
-                    Planned::Done(o) => o,
-                    Planned::Applied(k) => Ok((base + k, false)),
-                    Planned::Replayed(k) => Ok((base + k, true)),
-                })
-                .collect()
-        };
-        if accepted == 0 {
+        let base = if accepted == 0 {
             // Only replays and refusals: nothing to write.
-            return Ok(finish(planned, 0));
-        }
-        let last: i64 = sqlx::query(
-            "UPDATE apps SET revision = revision + $2 WHERE app_id = $1 RETURNING revision",
-        )
-        .bind(app.as_str())
-        .bind(accepted)
-        .fetch_one(&mut **self.tx())
-        .await?
-        .try_get("revision")?;
-        let base = last - accepted;
+            0
+        } else {
+            self.write_steps(updates, &steps, now).await? - accepted
+        };
+        Ok(planned
+            .into_iter()
+            .map(|p| match p {
+                Planned::Done(o) => o,
+                Planned::Applied(k) => Ok((base + k, false)),
+                Planned::Replayed(k) => Ok((base + k, true)),
+            })
+            .collect())
+    }
+
+    /// Writes the accepted steps in one round trip: the App's revision, the final counts, the
+    /// current balances, an event and a request row for each. Returns the App's new revision.
+    async fn write_steps(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+        steps: &[Step],
+        now: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let (app, space) = (self.app.as_str(), self.space.as_str());
+        let text = |s: &str| Value::Text(s.to_string());
         // The final counts and balances (absolute: the gate is held).
         let mut finals: BTreeMap<Hash, i64> = BTreeMap::new();
         let mut balances: BTreeMap<(&RefDomain, Hash), i64> = BTreeMap::new();
-        for step in &steps {
+        for step in steps {
             let domain = updates[step.update].domain;
             for r in &step.results {
                 finals.insert(r.hash, r.count);
                 balances.insert((domain, r.hash), r.balance);
             }
         }
-        // Every statement binds its values in the order of its text (see `Binds`).
-        let mut b = self.binds();
-        let values = b.rows(finals.len(), 2);
-        let (a, s) = (b.one(), b.one());
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE nodes SET root_ref_count = v.column2, \
-             rooted = CASE WHEN v.column2 > 0 THEN 1 ELSE 0 END FROM (VALUES {values}) AS v \
-             WHERE nodes.app_id = {a} AND nodes.space_id = {s} AND nodes.hash = v.column1"
-        )));
-        for (hash, count) in &finals {
-            q = q.bind(hb(hash)).bind(*count);
-        }
-        q.bind(app.as_str())
-            .bind(space.as_str())
-            .execute(&mut **self.tx())
-            .await?;
-        self.write_balances(&balances).await?;
-        let values = self.binds().rows(steps.len(), 8);
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
-             changes, actor, applied_at) VALUES {values}"
-        )));
-        for (k, step) in steps.iter().enumerate() {
-            let u = &updates[step.update];
-            let changes_json =
-                serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
-            q = q
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(base + 1 + k as i64)
-                .bind(u.domain.as_str())
-                .bind(u.request_id.as_str())
-                .bind(changes_json)
-                .bind(u.actor)
-                .bind(now);
-        }
-        q.execute(&mut **self.tx()).await?;
-        let values = self.binds().rows(steps.len(), 6);
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO root_ref_requests \
-             (app_id, space_id, ref_domain, request_id, payload_hash, revision) VALUES {values}"
-        )));
-        for (k, step) in steps.iter().enumerate() {
-            let u = &updates[step.update];
-            q = q
-                .bind(app.as_str())
-                .bind(space.as_str())
-                .bind(u.domain.as_str())
-                .bind(u.request_id.as_str())
-                .bind(hb(u.payload_hash))
-                .bind(base + 1 + k as i64);
-        }
-        q.execute(&mut **self.tx()).await?;
-        Ok(finish(planned, base))
-    }
-
-    /// Writes the current balance of each (domain, hash): a row for each non-zero one (only
-    /// the current value is kept; earlier ones are read back through the events), none for
-    /// zero.
-    async fn write_balances(
-        &mut self,
-        balances: &BTreeMap<(&RefDomain, Hash), i64>,
-    ) -> Result<(), sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
         let (kept, zero): (Vec<_>, Vec<_>) = balances.iter().partition(|(_, count)| **count != 0);
+        let accepted = steps.len() as i64;
+        let mut w = Writes::new(self.dialect);
+        w.next("UPDATE apps SET revision = revision + ")
+            .value(Value::Int(accepted))
+            .text(" WHERE app_id = ")
+            .value(text(app))
+            .text(" RETURNING revision");
+        w.next("").update_nodes(
+            (app, space),
+            "root_ref_count = v.column2, rooted = CASE WHEN v.column2 > 0 THEN 1 ELSE 0 END",
+            finals
+                .iter()
+                .map(|(hash, count)| (*hash, vec![Value::Int(*count)])),
+        );
         if !kept.is_empty() {
-            let values = self.binds().rows(kept.len(), 5);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            w.next(
                 "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
-                 VALUES {values} ON CONFLICT (app_id, space_id, ref_domain, hash) \
-                 DO UPDATE SET ref_count = excluded.ref_count"
-            )));
-            for ((domain, hash), count) in kept {
-                q = q
-                    .bind(app.as_str())
-                    .bind(space.as_str())
-                    .bind(domain.as_str())
-                    .bind(hb(hash))
-                    .bind(*count);
+                 VALUES ",
+            );
+            for (i, ((domain, hash), count)) in kept.iter().enumerate() {
+                w.comma(i).tuple([
+                    text(app),
+                    text(space),
+                    text(domain.as_str()),
+                    Value::Bytes(hb(hash)),
+                    Value::Int(**count),
+                ]);
             }
-            q.execute(&mut **self.tx()).await?;
+            w.text(
+                " ON CONFLICT (app_id, space_id, ref_domain, hash) \
+                 DO UPDATE SET ref_count = excluded.ref_count",
+            );
         }
         if !zero.is_empty() {
-            let mut b = self.binds();
-            let (a, s) = (b.one(), b.one());
-            let values = b.rows(zero.len(), 2);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM root_ref_balances WHERE app_id = {a} AND space_id = {s} \
-                 AND (ref_domain, hash) IN (VALUES {values})"
-            )))
-            .bind(app.as_str())
-            .bind(space.as_str());
-            for ((domain, hash), _) in zero {
-                q = q.bind(domain.as_str()).bind(hb(hash));
-            }
-            q.execute(&mut **self.tx()).await?;
+            let gone: Vec<(&RefDomain, Hash)> = zero.iter().map(|((d, h), _)| (*d, *h)).collect();
+            delete_balances(w.next(""), (app, space), &gone);
         }
-        Ok(())
-    }
-
-    /// The rows that `select` (a `SELECT … FROM table WHERE <condition>`) finds in this
-    /// partition whose `column` is one of `keys` and, for a table keyed by domain, whose
-    /// `ref_domain` is one of `domains`: naming the domains lets both databases seek the
-    /// (partition, domain, key) index instead of reading every row of the partition.
-    async fn rows_in<T>(
-        &mut self,
-        select: &str,
-        domains: Option<BTreeSet<&str>>,
-        column: &str,
-        keys: Vec<T>,
-    ) -> Result<Vec<sqlx::any::AnyRow>, sqlx::Error>
-    where
-        T: for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + Send + 'static,
-    {
-        let sql = rows_in_sql(
-            self.binds(),
-            select,
-            domains.as_ref().map_or(0, BTreeSet::len),
-            column,
-            keys.len(),
+        // The k-th step (1..) gets the revision `new - accepted + k`.
+        let offset = |k: usize| Value::Int(k as i64 + 1 - accepted);
+        w.next(
+            "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
+             changes, actor, applied_at) SELECT v.column1, v.column2, a.revision + v.column3, \
+             v.column4, v.column5, v.column6, v.column7, v.column8 FROM (VALUES ",
         );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(self.app.as_str().to_string())
-            .bind(self.space.as_str().to_string());
-        for domain in domains.into_iter().flatten() {
-            q = q.bind(domain.to_string());
+        for (k, step) in steps.iter().enumerate() {
+            let u = &updates[step.update];
+            let changes = serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
+            w.comma(k).tuple([
+                text(app),
+                text(space),
+                offset(k),
+                text(u.domain.as_str()),
+                text(u.request_id.as_str()),
+                Value::Text(changes),
+                text(u.actor),
+                Value::Int(now),
+            ]);
         }
-        for key in keys {
-            q = q.bind(key);
+        w.text(") AS v, ");
+        w.revision_of(app);
+        w.next(
+            "INSERT INTO root_ref_requests (app_id, space_id, ref_domain, request_id, \
+             payload_hash, revision) SELECT v.column1, v.column2, v.column3, v.column4, \
+             v.column5, a.revision + v.column6 FROM (VALUES ",
+        );
+        for (k, step) in steps.iter().enumerate() {
+            let u = &updates[step.update];
+            w.comma(k).tuple([
+                text(app),
+                text(space),
+                text(u.domain.as_str()),
+                text(u.request_id.as_str()),
+                Value::Bytes(hb(u.payload_hash)),
+                offset(k),
+            ]);
         }
-        q.fetch_all(&mut **self.tx()).await
+        w.text(") AS v, ");
+        w.revision_of(app);
+        // All rows, not one: on SQLite a query that stops at its first row leaves the
+        // statements after the first unrun.
+        let rows = w.finish().fetch_all(&mut **self.tx()).await?;
+        rows.first()
+            .ok_or_else(|| sqlx::Error::Protocol("the App's revision was not returned".into()))?
+            .try_get("revision")
     }
 
-    /// The requests of this partition among the updates' ids that were applied before:
-    /// (domain, request id) to (payload hash, revision).
-    async fn earlier_requests(
-        &mut self,
-        updates: &[RootRefChange<'_>],
-    ) -> Result<HashMap<(RefDomain, String), (Vec<u8>, i64)>, sqlx::Error> {
+    /// What the batch's lookups find, in one statement: the earlier requests among the
+    /// updates' ids, the counts of the nodes they name and the current balances of those
+    /// nodes in their domains. The parts seek their indexes by (partition, domain, key).
+    async fn lookups(&mut self, updates: &[RootRefChange<'_>]) -> Result<Found, sqlx::Error> {
+        let hashes: BTreeSet<Hash> = updates
+            .iter()
+            .flat_map(|u| u.changes.keys().copied())
+            .collect();
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
-        self.rows_in(
-            EARLIER_REQUESTS,
-            Some(domains_of(updates)),
-            "request_id",
-            ids.into_iter().map(str::to_string).collect(),
-        )
-        .await?
-        .iter()
-        .map(|r| {
-            Ok((
-                (id_col(r, "ref_domain")?, r.try_get("request_id")?),
-                (r.try_get("payload_hash")?, r.try_get("revision")?),
-            ))
-        })
-        .collect()
-    }
-
-    /// The current balance of every (domain, hash) among the hashes the updates name.
-    async fn open_balances(
-        &mut self,
-        updates: &[RootRefChange<'_>],
-    ) -> Result<HashMap<(RefDomain, Hash), i64>, sqlx::Error> {
-        let hashes: BTreeSet<Hash> = updates
-            .iter()
-            .flat_map(|u| u.changes.keys().copied())
-            .collect();
-        self.rows_in(
-            OPEN_BALANCES,
-            Some(domains_of(updates)),
-            "hash",
-            hashes.iter().map(hb).collect(),
-        )
-        .await?
-        .iter()
-        .map(|r| {
-            Ok((
-                (id_col(r, "ref_domain")?, hash_col(r, "hash")?),
-                r.try_get("ref_count")?,
-            ))
-        })
-        .collect()
-    }
-
-    /// The root ref count of every node the updates name, and whether it is ready (not being
-    /// collected). Nodes that do not exist are absent.
-    async fn current_counts(
-        &mut self,
-        updates: &[RootRefChange<'_>],
-    ) -> Result<HashMap<Hash, (i64, bool)>, sqlx::Error> {
-        let hashes: BTreeSet<Hash> = updates
-            .iter()
-            .flat_map(|u| u.changes.keys().copied())
-            .collect();
-        self.rows_in(
-            "SELECT hash, root_ref_count, collecting_since FROM nodes WHERE TRUE",
-            None,
-            "hash",
-            hashes.iter().map(hb).collect(),
-        )
-        .await?
-        .iter()
-        .map(|r| {
-            let collecting: Option<i64> = r.try_get("collecting_since")?;
-            Ok((
-                hash_col(r, "hash")?,
-                (r.try_get("root_ref_count")?, collecting.is_none()),
-            ))
-        })
-        .collect()
+        // One row of JSON for the whole batch: the driver's work is by row (a few
+        // microseconds each, several times what the database spends finding it).
+        let mut q = Statement::new(self.dialect);
+        q.text(match self.dialect {
+            Dialect::Sqlite => {
+                "SELECT CAST(json_group_array(json_array(kind, ref_domain, request_id, \
+                 lower(hex(hash)), n, collecting_since, balance)) AS TEXT) AS found FROM ("
+            }
+            Dialect::Postgres => {
+                "SELECT CAST(COALESCE(json_agg(json_build_array(kind, ref_domain, request_id, \
+                 encode(hash, 'hex'), n, collecting_since, balance)), '[]') AS TEXT) AS found \
+                 FROM ("
+            }
+        });
+        let mut q = lookups_sql(
+            q,
+            (self.app.as_str(), self.space.as_str()),
+            &domains_of(updates),
+            &ids,
+            &hashes,
+        );
+        q.text(") AS l");
+        let json: String = q
+            .query()
+            .fetch_one(&mut **self.tx())
+            .await?
+            .try_get("found")?;
+        let bad = |e: &dyn std::fmt::Display| sqlx::Error::ColumnDecode {
+            index: "found".into(),
+            source: e.to_string().into(),
+        };
+        let rows: Vec<LookupRow> = serde_json::from_str(&json).map_err(|e| bad(&e))?;
+        let mut found = Found::default();
+        for (kind, domain, request_id, hash, n, collecting, balance) in rows {
+            let hash: Hash = hash.parse().map_err(|e| bad(&e))?;
+            let domain = domain.map(|d| d.parse::<RefDomain>().map_err(|e| bad(&e)));
+            if kind == LOOKUP_REQUEST {
+                let (Some(domain), Some(id)) = (domain, request_id) else {
+                    return Err(bad(&"a request without its domain or id"));
+                };
+                found
+                    .requests
+                    .insert((domain?, id), (hash.as_bytes().to_vec(), n));
+                continue;
+            }
+            found.counts.insert(hash, (n, collecting.is_none()));
+            if let (Some(domain), Some(balance)) = (domain, balance) {
+                found.balances.insert((domain?, hash), balance);
+            }
+        }
+        Ok(found)
     }
 }
 
-/// The earlier requests among a batch's (for [`Partition::rows_in`], by `request_id`).
-const EARLIER_REQUESTS: &str =
-    "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests WHERE TRUE";
-/// The current balances of a batch's hashes (for [`Partition::rows_in`], by `hash`).
-const OPEN_BALANCES: &str = "SELECT ref_domain, hash, ref_count FROM root_ref_balances WHERE TRUE";
+/// The writes of a batch, in one round trip: on SQLite, statements one after the other in
+/// one text (run in order; an `INSERT … SELECT` reads the App's revision the first one
+/// wrote); on Postgres, one statement of data-modifying parts that read the App's new
+/// revision from the first one's `RETURNING`.
+struct Writes {
+    statement: Statement,
+    dialect: Dialect,
+    parts: usize,
+}
 
-/// The statement of [`Partition::rows_in`]: the partition, then `domains` domains (none: the
-/// table has no domain) and `keys` keys.
-fn rows_in_sql(mut b: Binds, select: &str, domains: usize, column: &str, keys: usize) -> String {
-    let (a, s) = (b.one(), b.one());
-    let by_domain = match domains {
-        0 => String::new(),
-        n => format!(" AND ref_domain IN ({})", b.list(n)),
-    };
-    let keys = b.list(keys);
-    format!("{select} AND app_id = {a} AND space_id = {s}{by_domain} AND {column} IN ({keys})")
+impl Writes {
+    fn new(dialect: Dialect) -> Self {
+        Writes {
+            statement: Statement::new(dialect),
+            dialect,
+            parts: 0,
+        }
+    }
+
+    /// Starts the next part with `sql`. The first part is the App's revision update, which
+    /// the others read as `a`.
+    fn next(&mut self, sql: &str) -> &mut Statement {
+        let sep = match (self.dialect, self.parts) {
+            (Dialect::Postgres, 0) => "WITH a AS (".to_string(),
+            (Dialect::Postgres, n) => format!("), w{n} AS ("),
+            (Dialect::Sqlite, 0) => String::new(),
+            (Dialect::Sqlite, _) => "; ".to_string(),
+        };
+        self.parts += 1;
+        self.statement.text(&sep).text(sql)
+    }
+
+    /// The App's new revision as `a`: on Postgres the first part's `RETURNING`, on SQLite the
+    /// row the first statement updated.
+    fn revision_of(&mut self, app: &str) {
+        match self.dialect {
+            Dialect::Postgres => {
+                self.statement.text("a");
+            }
+            Dialect::Sqlite => {
+                self.statement
+                    .text("(SELECT revision FROM apps WHERE app_id = ")
+                    .value(Value::Text(app.to_string()))
+                    .text(") AS a");
+            }
+        }
+    }
+
+    /// The text and values of the whole.
+    fn finish(mut self) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
+        if self.dialect == Dialect::Postgres {
+            self.statement.text(") SELECT revision FROM a");
+        }
+        self.statement.query()
+    }
+}
+
+impl std::ops::Deref for Writes {
+    type Target = Statement;
+    fn deref(&self) -> &Statement {
+        &self.statement
+    }
+}
+
+impl std::ops::DerefMut for Writes {
+    fn deref_mut(&mut self) -> &mut Statement {
+        &mut self.statement
+    }
+}
+
+/// Appends the deletion of the balances of (domain, hash) `keys` of a partition.
+fn delete_balances(q: &mut Statement, (app, space): (&str, &str), keys: &[(&RefDomain, Hash)]) {
+    q.text("DELETE FROM root_ref_balances WHERE app_id = ")
+        .value(Value::Text(app.to_string()))
+        .text(" AND space_id = ")
+        .value(Value::Text(space.to_string()))
+        .text(" AND (ref_domain, hash) IN (VALUES ");
+    for (i, (domain, hash)) in keys.iter().enumerate() {
+        q.comma(i).tuple([
+            Value::Text(domain.as_str().to_string()),
+            Value::Bytes(hb(hash)),
+        ]);
+    }
+    q.text(")");
+}
+
+/// A row of [`lookups_sql`]: kind, domain, request id, hash (hex), count or revision, when its
+/// collection began, balance.
+type LookupRow = (
+    i64,
+    Option<String>,
+    Option<String>,
+    String,
+    i64,
+    Option<i64>,
+    Option<i64>,
+);
+
+const LOOKUP_REQUEST: i64 = 0;
+const LOOKUP_NODE: i64 = 1;
+
+/// The statement of [`Partition::lookups`], in rows of one shape (`kind`, `ref_domain`,
+/// `request_id`, `hash`, `n`, `collecting_since`, `balance`): the earlier requests among
+/// `ids`, then each node of `hashes` with its balance in each of `domains` that has one (a
+/// row a node, or one for each such domain: the driver's work is by row). Each part names the
+/// partition, the domains and the keys, and seeks its index by them.
+fn lookups_sql(
+    mut q: Statement,
+    (app, space): (&str, &str),
+    domains: &BTreeSet<&str>,
+    ids: &BTreeSet<&str>,
+    hashes: &BTreeSet<Hash>,
+) -> Statement {
+    let text = |s: &str| Value::Text(s.to_string());
+    q.text(&format!(
+        "SELECT CAST({LOOKUP_REQUEST} AS BIGINT) AS kind, ref_domain, request_id, \
+         payload_hash AS hash, revision AS n, CAST(NULL AS BIGINT) AS collecting_since, \
+         CAST(NULL AS BIGINT) AS balance FROM root_ref_requests WHERE app_id = "
+    ))
+    .value(text(app))
+    .text(" AND space_id = ")
+    .value(text(space))
+    .text(" AND ref_domain IN ")
+    .tuple(domains.iter().map(|d| text(d)))
+    .text(" AND request_id IN ")
+    .tuple(ids.iter().map(|id| text(id)));
+    q.text(&format!(
+        " UNION ALL SELECT {LOOKUP_NODE}, b.ref_domain, CAST(NULL AS TEXT), n.hash, \
+         n.root_ref_count, n.collecting_since, b.ref_count FROM nodes n \
+         LEFT JOIN root_ref_balances b ON b.app_id = n.app_id AND b.space_id = n.space_id \
+         AND b.ref_domain IN "
+    ))
+    .tuple(domains.iter().map(|d| text(d)))
+    .text(" AND b.hash = n.hash WHERE n.app_id = ")
+    .value(text(app))
+    .text(" AND n.space_id = ")
+    .value(text(space))
+    .text(" AND n.hash IN ")
+    .tuple(hashes.iter().map(|h| Value::Bytes(hb(h))));
+    q
 }
 
 /// The domains the updates belong to.
@@ -368,116 +425,15 @@ fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
     updates.iter().map(|u| u.domain.as_str()).collect()
 }
 
-/// What an accepted update leaves for one hash: the node's count and the domain's balance.
-struct StepResult {
-    hash: Hash,
-    count: i64,
-    balance: i64,
-}
-
-/// An accepted update: which one, and what it leaves.
-struct Step {
-    update: usize,
-    results: Vec<StepResult>,
-}
-
-/// Decides every update in order against the running counts and balances: replays (of earlier
-/// requests or of one earlier in the batch), refusals, and the accepted steps in revision
-/// order. Request ids are scoped to their domain.
-fn plan(
-    updates: &[RootRefChange<'_>],
-    earlier: &HashMap<(RefDomain, String), (Vec<u8>, i64)>,
-    mut counts: HashMap<Hash, (i64, bool)>,
-    mut balances: HashMap<(RefDomain, Hash), i64>,
-) -> (Vec<Planned>, Vec<Step>) {
-    let mut steps: Vec<Step> = Vec::new();
-    // Requests accepted in this batch: payload hash and step number (1..).
-    let mut in_batch: HashMap<(&RefDomain, &str), (&Hash, i64)> = HashMap::new();
-    let planned = updates
-        .iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let id = u.request_id.as_str();
-            if let Some((stored, revision)) = earlier.get(&(u.domain.clone(), id.to_string())) {
-                return Planned::Done(if stored.as_slice() == u.payload_hash.as_bytes() {
-                    Ok((*revision, true))
-                } else {
-                    Err(RootRefRejection::IdempotencyConflict)
-                });
-            }
-            if let Some((payload, k)) = in_batch.get(&(u.domain, id)) {
-                return if *payload == u.payload_hash {
-                    Planned::Replayed(*k)
-                } else {
-                    Planned::Done(Err(RootRefRejection::IdempotencyConflict))
-                };
-            }
-            match check(u, &counts, &balances) {
-                Err(rejection) => Planned::Done(Err(rejection)),
-                Ok(results) => {
-                    for r in &results {
-                        if let Some(c) = counts.get_mut(&r.hash) {
-                            c.0 = r.count;
-                        }
-                        balances.insert((u.domain.clone(), r.hash), r.balance);
-                    }
-                    steps.push(Step { update: i, results });
-                    let k = steps.len() as i64;
-                    in_batch.insert((u.domain, id), (u.payload_hash, k));
-                    Planned::Applied(k)
-                }
-            }
-        })
-        .collect();
-    (planned, steps)
-}
-
-/// What one update leaves, or why it is refused.
-fn check(
-    u: &RootRefChange<'_>,
-    counts: &HashMap<Hash, (i64, bool)>,
-    balances: &HashMap<(RefDomain, Hash), i64>,
-) -> Result<Vec<StepResult>, RootRefRejection> {
-    let mut results = Vec::with_capacity(u.changes.len());
-    for (hash, delta) in u.changes {
-        let Some((count, ready)) = counts.get(hash).copied() else {
-            return Err(RootRefRejection::UnknownNode(*hash));
-        };
-        if *delta > 0 && !ready {
-            return Err(RootRefRejection::NotReady(*hash));
-        }
-        let result = count + delta;
-        if result < 0 {
-            return Err(RootRefRejection::Negative {
-                hash: *hash,
-                result,
-            });
-        }
-        let balance = balances
-            .get(&(u.domain.clone(), *hash))
-            .copied()
-            .unwrap_or(0)
-            + delta;
-        if result > MAX_ROOT_REF_COUNT || balance.abs() > MAX_ROOT_REF_COUNT {
-            return Err(RootRefRejection::Overflow(*hash));
-        }
-        results.push(StepResult {
-            hash: *hash,
-            count: result,
-            balance,
-        });
-    }
-    Ok(results)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::Dialect;
     use super::*;
 
-    /// The idempotency and balance lookups of a batch seek their index by (partition, domain,
-    /// key): without the domain they would read every request and every open balance the
-    /// partition ever had, once per batch.
+    /// Each part of a batch's lookups, the update of its nodes' counts and the deletion of
+    /// balances that reached zero seek their index by the whole key: without the domain the
+    /// lookups would read every request and every balance the partition ever had, once per
+    /// batch, and an update that binds the partition once is planned on SQLite as a scan of
+    /// the partition's every node.
     #[tokio::test]
     async fn batch_lookups_seek_by_domain_and_key() {
         let dir = std::env::temp_dir().join(format!("unicas-plan-{}", std::process::id()));
@@ -489,32 +445,67 @@ mod tests {
             .await
             .expect("store");
         store.migrate().await.expect("migrate");
-        for (select, column, seek) in [
-            (
-                EARLIER_REQUESTS,
-                "request_id",
-                "ref_domain=? AND request_id=?",
-            ),
-            (OPEN_BALANCES, "hash", "ref_domain=? AND hash=?"),
+        let mut explain = Statement::new(Dialect::Sqlite);
+        explain.text("EXPLAIN QUERY PLAN ");
+        let hashes: BTreeSet<Hash> = (0..3u8).map(|i| Hash::digest(&[i])).collect();
+        let lookups = lookups_sql(
+            explain,
+            ("app", "space"),
+            &["default", "other"].into(),
+            &["a", "b", "c"].into(),
+            &hashes,
+        );
+        let plan = plan_of(&store, lookups).await;
+        let mut explain = Statement::new(Dialect::Sqlite);
+        explain.text("EXPLAIN QUERY PLAN ");
+        let default = RefDomain::default();
+        let keys: Vec<(&RefDomain, Hash)> = hashes.iter().map(|h| (&default, *h)).collect();
+        delete_balances(&mut explain, ("app", "space"), &keys);
+        let deletion = plan_of(&store, explain).await;
+        let mut explain = Statement::new(Dialect::Sqlite);
+        explain.text("EXPLAIN QUERY PLAN ").update_nodes(
+            ("app", "space"),
+            "root_ref_count = v.column2",
+            hashes.iter().map(|h| (*h, vec![Value::Int(1)])),
+        );
+        let update = plan_of(&store, explain).await;
+        for (index, seek) in [
+            ("root_ref_requests", "ref_domain=? AND request_id=?"),
+            ("nodes", "space_id=? AND hash=?"),
+            ("root_ref_balances", "ref_domain=? AND hash=?"),
         ] {
-            let sql = rows_in_sql(Binds::new(Dialect::Sqlite), select, 2, column, 3);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
-            for _ in 0..7 {
-                q = q.bind("x");
-            }
-            let plan: Vec<String> = q
-                .fetch_all(store.pool())
-                .await
-                .expect("plan")
-                .iter()
-                .map(|r| r.try_get::<String, _>("detail").expect("detail"))
-                .collect();
             assert!(
-                plan.iter().any(|step| step.contains(seek)),
-                "{column}: {plan:?}"
+                plan.iter().any(|step| step
+                    .contains(&format!("INDEX sqlite_autoindex_{index}_1 "))
+                    && step.contains(seek)),
+                "{index}: {plan:?}"
             );
         }
+        assert!(
+            update
+                .iter()
+                .any(|step| step.contains("(app_id=? AND space_id=? AND hash=?)")),
+            "node update: {update:?}"
+        );
+        assert!(
+            deletion
+                .iter()
+                .any(|step| step.contains("ref_domain=? AND hash=?")),
+            "deletion: {deletion:?}"
+        );
         store.pool().close().await;
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The steps of a statement's query plan.
+    async fn plan_of(store: &super::super::MetaStore, explain: Statement) -> Vec<String> {
+        explain
+            .query()
+            .fetch_all(store.pool())
+            .await
+            .expect("plan")
+            .iter()
+            .map(|r| r.try_get::<String, _>("detail").expect("detail"))
+            .collect()
     }
 }
