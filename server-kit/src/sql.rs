@@ -275,8 +275,8 @@ impl SqlPool {
             .map_err(connected)?;
         // SQLite: every write transaction on one connection, kept open. A connection's page
         // cache survives only its own commits (one that finds the database changed by another
-        // connection starts cold), so writes spread over the pool would each begin by reading
-        // back every page they touch.
+        // connection starts cold), so a writer that moved over the pool would begin each
+        // transaction by reading the pages it touches back from the operating system.
         let writes = match dialect {
             Dialect::Sqlite => Some(
                 open(

@@ -136,13 +136,15 @@ impl Partition {
             .text(" WHERE app_id = ")
             .value(text(app))
             .text(" RETURNING revision");
-        w.next("").update_nodes(
-            (app, space),
-            "root_ref_count = v.column2, rooted = CASE WHEN v.column2 > 0 THEN 1 ELSE 0 END",
-            finals
-                .iter()
-                .map(|(hash, count)| (*hash, vec![Value::Int(*count)])),
-        );
+        if !finals.is_empty() {
+            w.next("").update_nodes(
+                (app, space),
+                "root_ref_count = v.column2, rooted = CASE WHEN v.column2 > 0 THEN 1 ELSE 0 END",
+                finals
+                    .iter()
+                    .map(|(hash, count)| (*hash, vec![Value::Int(*count)])),
+            );
+        }
         if !kept.is_empty() {
             w.next(
                 "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
