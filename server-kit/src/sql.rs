@@ -128,6 +128,11 @@ impl Binds {
         Binds { dialect, count: 0 }
     }
 
+    /// The dialect the placeholders are written in.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     /// The next placeholder.
     pub fn one(&mut self) -> String {
         self.count += 1;

@@ -169,7 +169,6 @@ pub(crate) enum Value {
 /// [`Binds`]).
 pub(crate) struct Statement {
     sql: String,
-    dialect: Dialect,
     binds: Binds,
     values: Vec<Value>,
 }
@@ -178,7 +177,6 @@ impl Statement {
     pub(crate) fn new(dialect: Dialect) -> Self {
         Statement {
             sql: String::new(),
-            dialect,
             binds: Binds::new(dialect),
             values: Vec::new(),
         }
@@ -197,7 +195,7 @@ impl Statement {
         set: &str,
         rows: impl IntoIterator<Item = (Hash, Vec<Value>)>,
     ) -> &mut Self {
-        let sqlite = self.dialect == Dialect::Sqlite;
+        let sqlite = self.dialect() == Dialect::Sqlite;
         let text = |s: &str| Value::Text(s.to_string());
         self.text("UPDATE nodes SET ")
             .text(set)
@@ -226,6 +224,11 @@ impl Statement {
                 .value(text(space))
                 .text(" AND nodes.hash = v.column1")
         }
+    }
+
+    /// The dialect it is written in.
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.binds.dialect()
     }
 
     /// Appends text.

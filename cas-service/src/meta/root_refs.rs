@@ -286,7 +286,6 @@ impl Partition {
 /// revision from the first one's `RETURNING`.
 struct Writes {
     statement: Statement,
-    dialect: Dialect,
     parts: usize,
 }
 
@@ -294,7 +293,6 @@ impl Writes {
     fn new(dialect: Dialect) -> Self {
         Writes {
             statement: Statement::new(dialect),
-            dialect,
             parts: 0,
         }
     }
@@ -302,7 +300,7 @@ impl Writes {
     /// Starts the next part with `sql`. The first part is the App's revision update, which
     /// the others read as `a`.
     fn next(&mut self, sql: &str) -> &mut Statement {
-        let sep = match (self.dialect, self.parts) {
+        let sep = match (self.statement.dialect(), self.parts) {
             (Dialect::Postgres, 0) => "WITH a AS (".to_string(),
             (Dialect::Postgres, n) => format!("), w{n} AS ("),
             (Dialect::Sqlite, 0) => String::new(),
@@ -315,7 +313,7 @@ impl Writes {
     /// The App's new revision as `a`: on Postgres the first part's `RETURNING`, on SQLite the
     /// row the first statement updated.
     fn revision_of(&mut self, app: &str) {
-        match self.dialect {
+        match self.statement.dialect() {
             Dialect::Postgres => {
                 self.statement.text("a");
             }
@@ -330,7 +328,7 @@ impl Writes {
 
     /// The text and values of the whole.
     fn finish(mut self) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
-        if self.dialect == Dialect::Postgres {
+        if self.statement.dialect() == Dialect::Postgres {
             self.statement.text(") SELECT revision FROM a");
         }
         self.statement.query()
