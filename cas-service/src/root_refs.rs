@@ -6,11 +6,11 @@
 //! what is queued (up to [`MAX_QUEUED_UPDATES`] updates naming at most
 //! [`MAX_BATCH_HASHES`] hashes) and applies it in one operation of the partition's gate, in
 //! arrival order, each update with its own revision and its own answer. The turn passes on
-//! before the commit, so the next batch is prepared while this one is made durable, and the
-//! two usually share a commit.
+//! before the commit; when updates are queued behind a batch, its commit is left open for the
+//! batch that takes them (`commit_followed`), so the two share one durable commit.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cas_format::wire::{RootRefItem, RootRefPage, RootRefUpdate, RootRefUpdateResponse};
@@ -44,6 +44,8 @@ struct Queue {
     pending: Mutex<VecDeque<Pending>>,
     /// Held while a batch of this queue is taken and applied (not while it commits).
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// A batch left its commit open for the next turn's batch, which has not yet come.
+    followed: AtomicBool,
 }
 
 impl Queue {
@@ -265,16 +267,23 @@ impl Service {
         loop {
             let turn = queue.turn.clone().lock_owned().await;
             let batch = queue.take();
+            let awaited = queue.followed.swap(false, Ordering::SeqCst);
             // Empty: a turn before this one took the update and answers it.
             if batch.is_empty() {
+                // The updates a batch left its commit open for were withdrawn: commit it.
+                if awaited {
+                    self.meta.flush(app, space).await;
+                }
                 break;
             }
             let mine = batch.iter().any(|p| p.seq == seq);
             // In a task of its own: the batch is applied and answered even if this request
             // goes away meanwhile.
-            let (svc, app, space) = (self.clone(), app.clone(), space.clone());
+            let (svc, app, space, q) = (self.clone(), app.clone(), space.clone(), queue.clone());
             let applied =
-                tokio::spawn(async move { svc.apply_root_refs(&app, &space, batch, turn).await });
+                tokio::spawn(
+                    async move { svc.apply_root_refs(&app, &space, batch, &q, turn).await },
+                );
             let _ = applied.await;
             if mine {
                 break;
@@ -286,12 +295,14 @@ impl Service {
     }
 
     /// Applies one batch of queued updates and answers each of them; gives up the turn once
-    /// the batch is applied, before it commits.
+    /// the batch is applied, before it commits, and leaves the commit open for the next turn
+    /// when updates are queued for it.
     async fn apply_root_refs(
         &self,
         app: &AppId,
         space: &SpaceId,
         batch: Vec<Pending>,
+        queue: &Queue,
         turn: OwnedMutexGuard<()>,
     ) {
         let applied = async {
@@ -310,6 +321,9 @@ impl Service {
             Ok::<_, ApiError>((p, outcomes))
         }
         .await;
+        // Whoever is queued now waits for this turn and brings a batch to the gate.
+        let followed = applied.is_ok() && !queue.pending().is_empty();
+        queue.followed.store(followed, Ordering::SeqCst);
         drop(turn);
         let (p, outcomes) = match applied {
             Ok(done) => done,
@@ -320,7 +334,12 @@ impl Service {
                 return;
             }
         };
-        let committed = p.commit().await.map_err(ApiError::from);
+        let committed = if followed {
+            p.commit_followed().await
+        } else {
+            p.commit().await
+        };
+        let committed = committed.map_err(ApiError::from);
         for (u, outcome) in batch.into_iter().zip(outcomes) {
             let answer = match (outcome, &committed) {
                 (Err(r), _) => Err(rejection(r)),

@@ -13,7 +13,13 @@
 //! alone (the first one of a batch, with the batch, which holds nothing else); the others of
 //! its batch commit. A failed commit fails every operation of its batch and none of them is
 //! applied. A queued operation whose batch nobody else commits (everyone behind it gave up
-//! waiting) commits it itself after [`FLUSH_AFTER`].
+//! waiting) commits it itself after [`FLUSH_AFTER`]; an operation dropped while others are
+//! queued in its batch and nobody waits commits the others at once.
+//!
+//! A caller may know more than who is waiting: work it has queued for another task that will
+//! hold the key in a moment. [`Operation::commit_followed`] leaves the batch open for that one
+//! as for an operation already waiting; [`GroupCommit::flush`] commits it if the follower does
+//! not come after all.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -79,6 +85,8 @@ struct Shared {
     /// open for them.
     waiting: AtomicUsize,
     observer: Option<CommitObserver>,
+    /// [`FLUSH_AFTER`], or another wait.
+    flush_after: Duration,
 }
 
 /// The group commit of one key. Cheap to clone.
@@ -123,12 +131,30 @@ fn to_error(message: Arc<str>) -> sqlx::Error {
 
 impl GroupCommit {
     pub fn new(observer: Option<CommitObserver>) -> Self {
+        GroupCommit::with_flush_after(observer, FLUSH_AFTER)
+    }
+
+    /// A group commit whose queued operations wait `flush_after` (rather than
+    /// [`FLUSH_AFTER`]) for someone else to commit their batch.
+    pub fn with_flush_after(observer: Option<CommitObserver>, flush_after: Duration) -> Self {
         GroupCommit {
             shared: Arc::new(Shared {
                 slot: Arc::new(Mutex::new(Slot::default())),
                 waiting: AtomicUsize::new(0),
                 observer,
+                flush_after,
             }),
+        }
+    }
+
+    /// Commits the open batch now if operations are queued in it (one left open for a
+    /// follower that did not come); answers when that commit is done.
+    pub async fn flush(&self) {
+        let mut guard = self.shared.slot.clone().lock_owned().await;
+        if guard.open.as_ref().is_some_and(|b| !b.waiters.is_empty()) {
+            let observer = self.shared.observer.clone();
+            // In a task of its own, as every commit: done even if the caller goes away.
+            let _ = tokio::spawn(async move { flush(&mut guard, observer.as_ref()).await }).await;
         }
     }
 
@@ -256,11 +282,12 @@ async fn flush(slot: &mut Slot, observer: Option<&CommitObserver>) {
         tracing::warn!(error = %e, operations = stats.operations, "a batch commit failed");
         failed(&e)
     });
-    for w in batch.waiters {
-        let _ = w.send(answer.clone());
-    }
+    // Observed before anyone is answered: whoever is answered finds the commit counted.
     if let Some(observe) = observer {
         observe(CommitEvent::Committed(stats));
+    }
+    for w in batch.waiters {
+        let _ = w.send(answer.clone());
     }
 }
 
@@ -286,7 +313,19 @@ impl Operation {
 
     /// Queues the operation for its batch's commit and waits until that commit is done:
     /// `Ok` means durable.
-    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.queue(false).await
+    }
+
+    /// As [`Operation::commit`], when the caller knows another operation of this key is on its
+    /// way (work it queued for another task): the batch stays open for that one, as it does
+    /// for an operation already waiting. If it does not come, [`GroupCommit::flush`] or
+    /// [`FLUSH_AFTER`] commits the batch.
+    pub async fn commit_followed(self) -> Result<(), sqlx::Error> {
+        self.queue(true).await
+    }
+
+    async fn queue(mut self, followed: bool) -> Result<(), sqlx::Error> {
         if self.savepoint {
             sqlx::query("RELEASE SAVEPOINT unicas_op")
                 .execute(&mut **self.tx())
@@ -303,7 +342,7 @@ impl Operation {
         let seq = batch.seq;
         let full = batch.waiters.len() >= MAX_BATCH || batch.opened.elapsed() >= MAX_BATCH_AGE;
         let shared = self.shared.clone();
-        if full || shared.waiting.load(Ordering::SeqCst) == 0 {
+        if full || (!followed && shared.waiting.load(Ordering::SeqCst) == 0) {
             // Commit in a task of its own: the batch is committed and everyone in it answered
             // even if this request goes away meanwhile.
             let observer = shared.observer.clone();
@@ -316,7 +355,7 @@ impl Operation {
             drop(guard);
         }
         loop {
-            match tokio::time::timeout(FLUSH_AFTER, &mut answer).await {
+            match tokio::time::timeout(shared.flush_after, &mut answer).await {
                 Ok(Ok(result)) => return result.map_err(to_error),
                 Ok(Err(_)) => return Err(to_error(Arc::from("the batch was dropped"))),
                 Err(_) => {
@@ -341,12 +380,26 @@ impl Drop for Operation {
         let Some(mut guard) = self.guard.take() else {
             return;
         };
-        match guard.open.as_mut() {
+        let Some(batch) = guard.open.as_mut() else {
+            return;
+        };
+        if batch.waiters.is_empty() {
             // Nobody else is in the batch: drop it whole (its transaction rolls back).
-            Some(batch) if batch.waiters.is_empty() => guard.open = None,
-            // Others are queued in it: the next holder (or the commit) rolls this one back.
-            Some(batch) => batch.abandoned = true,
-            None => {}
+            guard.open = None;
+            return;
+        }
+        // Others are queued in it: the next holder (or the commit) rolls this one back.
+        batch.abandoned = true;
+        // Nobody waits to hold the key next: commit the others now rather than after
+        // [`FLUSH_AFTER`].
+        if self.shared.waiting.load(Ordering::SeqCst) == 0
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let observer = self.shared.observer.clone();
+            runtime.spawn(async move {
+                let mut guard = guard;
+                flush(&mut guard, observer.as_ref()).await;
+            });
         }
     }
 }

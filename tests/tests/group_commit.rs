@@ -1,6 +1,8 @@
 //! Group commit: many operations share one durable commit, and nothing of that is visible.
 //!
 //! - A failing operation in a batch is rolled back alone; the others of its batch commit.
+//! - A batch left open for a follower commits with it, or without it when it does not come
+//!   or is dropped.
 //! - The server SIGKILLed while many writers' batches commit (root-ref updates, single leases
 //!   and batch leases of inline nodes): after a restart every answered request is there, every
 //!   node answered ready reads back whole, and every request is there whole or not at all
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use cas_client::RetryPolicy;
 use cas_format::Hash;
-use server_kit::group_commit::{CommitEvent, CommitStats, GroupCommit};
+use server_kit::group_commit::{CommitEvent, CommitObserver, CommitStats, GroupCommit};
 use server_kit::sql::{PoolOptions, SqlPool};
 use tests::*;
 
@@ -22,27 +24,9 @@ use tests::*;
 /// there, and they shared commits.
 async fn a_failing_operation_fails_alone(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
-    let url = match env.vars.get("UNICAS_DATABASE_URL") {
-        Some(u) => u.clone(),
-        None => format!("sqlite://{}/batch.db?mode=rwc", env.vars["UNICAS_DATA_DIR"]),
-    };
-    let sql = SqlPool::connect(PoolOptions {
-        url,
-        max_connections: 8,
-        sqlite_full_sync: true,
-        create_dir: Some(env.vars["UNICAS_DATA_DIR"].clone().into()),
-    })
-    .await?;
-    sqlx::query("CREATE TABLE batch_rows (id BIGINT PRIMARY KEY)")
-        .execute(sql.pool())
-        .await?;
-    let stats: Arc<Mutex<Vec<CommitStats>>> = Arc::default();
-    let seen = stats.clone();
-    let group = GroupCommit::new(Some(Arc::new(move |e| {
-        if let CommitEvent::Committed(s) = e {
-            seen.lock().unwrap().push(s);
-        }
-    })));
+    let sql = batch_table(&env).await?;
+    let (stats, observer) = recorder();
+    let group = GroupCommit::new(Some(observer));
     let mut tasks = Vec::new();
     for i in 0..64i64 {
         let (group, sql) = (group.clone(), sql.clone());
@@ -94,6 +78,104 @@ async fn a_failing_operation_fails_alone(b: Backend) -> anyhow::Result<()> {
         stats.len(),
         committed.len()
     );
+    Ok(())
+}
+
+/// A pool on the scenario's database with an empty table `batch_rows`.
+async fn batch_table(env: &TestEnv) -> anyhow::Result<SqlPool> {
+    let url = match env.vars.get("UNICAS_DATABASE_URL") {
+        Some(u) => u.clone(),
+        None => format!("sqlite://{}/batch.db?mode=rwc", env.vars["UNICAS_DATA_DIR"]),
+    };
+    let sql = SqlPool::connect(PoolOptions {
+        url,
+        max_connections: 8,
+        sqlite_full_sync: true,
+        create_dir: Some(env.vars["UNICAS_DATA_DIR"].clone().into()),
+    })
+    .await?;
+    sqlx::query("CREATE TABLE batch_rows (id BIGINT PRIMARY KEY)")
+        .execute(sql.pool())
+        .await?;
+    Ok(sql)
+}
+
+/// The commits a group commit reports, and the observer that records them.
+fn recorder() -> (Arc<Mutex<Vec<CommitStats>>>, CommitObserver) {
+    let stats: Arc<Mutex<Vec<CommitStats>>> = Arc::default();
+    let seen = stats.clone();
+    let observer: CommitObserver = Arc::new(move |e| {
+        if let CommitEvent::Committed(s) = e {
+            seen.lock().unwrap().push(s);
+        }
+    });
+    (stats, observer)
+}
+
+/// A batch left open for a follower (`commit_followed`) commits together with it; one whose
+/// follower does not come is committed by `flush`; one whose follower is dropped inside it is
+/// committed by that drop, without the follower's row. Queued operations here wait an hour
+/// before committing their batch themselves, so each commit is the one the step names (a
+/// step that relied on that wait would time out).
+async fn a_batch_left_open_commits_with_or_without_its_follower(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let sql = batch_table(&env).await?;
+    let (stats, observer) = recorder();
+    let group = GroupCommit::with_flush_after(Some(observer), Duration::from_secs(3600));
+    let within = |what: &'static str, task: tokio::task::JoinHandle<Result<(), sqlx::Error>>| async move {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .map_err(|_| anyhow::anyhow!("{what}: the batch was never committed"))???;
+        anyhow::Ok(())
+    };
+    let insert = |id: i64| sqlx::query("INSERT INTO batch_rows (id) VALUES ($1)").bind(id);
+    let commits = || {
+        stats
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.operations)
+            .collect::<Vec<_>>()
+    };
+
+    // A follower that comes: one commit of both.
+    let mut first = group.hold(|| sql.write()).await?;
+    insert(1).execute(&mut **first.tx()).await?;
+    let queued = tokio::spawn(first.commit_followed());
+    // Held once the first one is queued and has given up the key.
+    let mut follower = group.hold(|| sql.write()).await?;
+    insert(2).execute(&mut **follower.tx()).await?;
+    follower.commit().await?;
+    within("a followed batch", queued).await?;
+    assert_eq!(commits(), [2], "the two operations shared one commit");
+
+    // A follower that does not come: `flush` commits the batch.
+    let mut alone = group.hold(|| sql.write()).await?;
+    insert(3).execute(&mut **alone.tx()).await?;
+    let queued = tokio::spawn(alone.commit_followed());
+    group.flush().await;
+    within("a batch flushed", queued).await?;
+    assert_eq!(commits(), [2, 1]);
+
+    // A follower dropped inside the batch: the drop commits the others.
+    let mut kept = group.hold(|| sql.write()).await?;
+    insert(4).execute(&mut **kept.tx()).await?;
+    let queued = tokio::spawn(kept.commit_followed());
+    let mut dropped = group.hold(|| sql.write()).await?;
+    insert(5).execute(&mut **dropped.tx()).await?;
+    drop(dropped);
+    within("a batch whose follower was dropped", queued).await?;
+    assert_eq!(commits(), [2, 1, 1]);
+
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT id FROM batch_rows ORDER BY id")
+        .fetch_all(sql.pool())
+        .await?;
+    assert_eq!(
+        rows,
+        [1, 2, 3, 4],
+        "the dropped operation's row is not there"
+    );
+    assert!(stats.lock().unwrap().iter().all(|s| s.ok));
     Ok(())
 }
 
@@ -337,5 +419,6 @@ async fn postgres_connections_send_without_delay() -> anyhow::Result<()> {
 // Each scenario on SQLite and on Postgres: the object store plays no part in batching.
 hub_e2e!(
     a_failing_operation_fails_alone,
+    a_batch_left_open_commits_with_or_without_its_follower,
     a_killed_server_loses_no_answered_write
 );

@@ -115,6 +115,13 @@ impl Partition {
         self.op.commit().await
     }
 
+    /// As [`Partition::commit`], when another operation of this partition is on its way
+    /// (queued for another task): the batch stays open for it. Whoever finds it did not come
+    /// after all calls [`MetaStore::flush`].
+    pub async fn commit_followed(self) -> Result<(), sqlx::Error> {
+        self.op.commit_followed().await
+    }
+
     pub(crate) fn tx(&mut self) -> &mut Transaction<'static, Any> {
         self.op.tx()
     }
@@ -419,6 +426,12 @@ impl MetaStore {
             app: app.clone(),
             space: space.clone(),
         })
+    }
+
+    /// Commits a partition's open batch now: one left open by [`Partition::commit_followed`]
+    /// for an operation that did not come.
+    pub async fn flush(&self, app: &AppId, space: &SpaceId) {
+        self.group(app.as_str(), space.as_str()).flush().await
     }
 
     /// A write transaction outside any partition (registry and admin changes).
