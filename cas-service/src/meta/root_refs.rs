@@ -130,7 +130,7 @@ impl Partition {
         }
         let (kept, zero): (Vec<_>, Vec<_>) = balances.iter().partition(|(_, count)| **count != 0);
         let accepted = steps.len() as i64;
-        let mut w = Writes::new(self.dialect);
+        let mut w = Writes::new(self.statement());
         w.next("UPDATE apps SET revision = revision + ")
             .value(Value::Int(accepted))
             .text(" WHERE app_id = ")
@@ -228,7 +228,7 @@ impl Partition {
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
         // One row of JSON for the whole batch: the driver's work is by row (a few
         // microseconds each, several times what the database spends finding it).
-        let mut q = Statement::new(self.dialect);
+        let mut q = self.statement();
         q.text(match self.dialect {
             Dialect::Sqlite => {
                 "SELECT CAST(json_group_array(json_array(kind, ref_domain, request_id, \
@@ -290,9 +290,9 @@ struct Writes {
 }
 
 impl Writes {
-    fn new(dialect: Dialect) -> Self {
+    fn new(statement: Statement) -> Self {
         Writes {
-            statement: Statement::new(dialect),
+            statement,
             parts: 0,
         }
     }
