@@ -117,7 +117,9 @@ pub struct Config {
     pub s3_region: Option<String>,
     /// Concurrent node validations (bounds memory and temporary disk use).
     pub max_concurrent_validations: usize,
-    /// SQLite `synchronous` pragma: `full` (default, every commit durable) or `normal`.
+    /// SQLite durability: `full` (default: every commit durable; the writer's commits are
+    /// fsynced in the write-ahead log once the writer is free, `server_kit::wal_sync`) or
+    /// `normal` (the log is fsynced only at checkpoints).
     pub sqlite_synchronous: String,
     /// Connections in the database pool.
     pub database_max_connections: u32,

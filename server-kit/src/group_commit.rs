@@ -150,11 +150,11 @@ impl GroupCommit {
     /// Commits the open batch now if operations are queued in it (one left open for a
     /// follower that did not come); answers when that commit is done.
     pub async fn flush(&self) {
-        let mut guard = self.shared.slot.clone().lock_owned().await;
+        let guard = self.shared.slot.clone().lock_owned().await;
         if guard.open.as_ref().is_some_and(|b| !b.waiters.is_empty()) {
             let observer = self.shared.observer.clone();
             // In a task of its own, as every commit: done even if the caller goes away.
-            let _ = tokio::spawn(async move { flush(&mut guard, observer.as_ref()).await }).await;
+            let _ = tokio::spawn(async move { flush(guard, observer.as_ref()).await }).await;
         }
     }
 
@@ -260,19 +260,26 @@ fn fail_batch(slot: &mut Slot, e: &sqlx::Error) {
     }
 }
 
-/// Commits the open batch, if any, and answers everyone queued in it.
-async fn flush(slot: &mut Slot, observer: Option<&CommitObserver>) {
+/// Commits the open batch, if any, and answers everyone queued in it. The key is released
+/// once the commit is made, before it is known to be durable (see [`crate::wal_sync`]): the
+/// next batch begins while this one waits for its fsync.
+async fn flush(mut slot: OwnedMutexGuard<Slot>, observer: Option<&CommitObserver>) {
     let Some(mut batch) = slot.open.take() else {
         return;
     };
     let started = Instant::now();
-    let result = async {
+    let committed = async {
         if batch.abandoned {
             undo_savepoint(&mut batch.tx).await?;
         }
-        batch.tx.commit().await
+        batch.tx.commit_visible().await
     }
     .await;
+    drop(slot);
+    let result = match committed {
+        Ok(pending) => pending.durable().await,
+        Err(e) => Err(e),
+    };
     let stats = CommitStats {
         operations: batch.waiters.len(),
         duration: started.elapsed(),
@@ -346,11 +353,7 @@ impl Operation {
             // Commit in a task of its own: the batch is committed and everyone in it answered
             // even if this request goes away meanwhile.
             let observer = shared.observer.clone();
-            let _ = tokio::spawn(async move {
-                let mut guard = guard;
-                flush(&mut guard, observer.as_ref()).await;
-            })
-            .await;
+            let _ = tokio::spawn(async move { flush(guard, observer.as_ref()).await }).await;
         } else {
             drop(guard);
         }
@@ -363,9 +366,9 @@ impl Operation {
                     let slot = shared.slot.clone();
                     let observer = shared.observer.clone();
                     let _ = tokio::spawn(async move {
-                        let mut guard = slot.lock_owned().await;
+                        let guard = slot.lock_owned().await;
                         if guard.open.as_ref().is_some_and(|b| b.seq <= seq) {
-                            flush(&mut guard, observer.as_ref()).await;
+                            flush(guard, observer.as_ref()).await;
                         }
                     })
                     .await;
@@ -396,10 +399,7 @@ impl Drop for Operation {
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let observer = self.shared.observer.clone();
-            runtime.spawn(async move {
-                let mut guard = guard;
-                flush(&mut guard, observer.as_ref()).await;
-            });
+            runtime.spawn(async move { flush(guard, observer.as_ref()).await });
         }
     }
 }

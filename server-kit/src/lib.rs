@@ -1,6 +1,6 @@
 //! What both server programs (`unicas-server` and `unicas-hub`) stand on, and nothing of what
 //! either one does: SQL pools and write transactions on SQLite and Postgres ([`sql`]),
-//! many writes per durable commit ([`group_commit`]), where `/metrics` listens ([`listen`]) and what it counts of every answer ([`http_metrics`]), the
+//! many writes per durable commit ([`group_commit`]) and SQLite commits made durable after the writer is released ([`wal_sync`]), where `/metrics` listens ([`listen`]) and what it counts of every answer ([`http_metrics`]), the
 //! checks every browser-facing listener makes ([`web_guard`]), browser sign-in: secrets,
 //! cookies and login-link pages ([`web_auth`]) and OpenID Connect ([`oidc`]), failpoints for crash tests
 //! ([`failpoint`]) and the process runtime ([`runtime`]).
@@ -13,6 +13,7 @@ pub mod listen;
 pub mod oidc;
 pub mod runtime;
 pub mod sql;
+pub mod wal_sync;
 pub mod web_auth;
 pub mod web_guard;
 

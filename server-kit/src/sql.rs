@@ -15,6 +15,8 @@ use sqlx::migrate::Migrator;
 use sqlx::{Any, AnyPool, Executor, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::wal_sync::{Pending, WalSync};
+
 /// Which database a pool talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -40,7 +42,9 @@ impl Dialect {
 pub struct PoolOptions {
     pub url: String,
     pub max_connections: u32,
-    /// SQLite: `FULL` (every commit durable) unless `false` (`NORMAL`).
+    /// SQLite: every commit durable (readers `FULL`; the writer's commits fsynced by
+    /// [`WalSync`] once it is free) unless `false` (`NORMAL`: the log is fsynced only at
+    /// checkpoints).
     pub sqlite_full_sync: bool,
     /// SQLite: a directory to create first (the data directory of the default URL).
     pub create_dir: Option<PathBuf>,
@@ -56,6 +60,9 @@ pub struct SqlPool {
     url: String,
     /// SQLite: the single in-process writer.
     writer: Arc<tokio::sync::Mutex<()>>,
+    /// SQLite with durable commits: the log the writer's commits are fsynced in after it is
+    /// released.
+    wal: Option<Arc<WalSync>>,
 }
 
 impl std::fmt::Debug for SqlPool {
@@ -70,6 +77,8 @@ impl std::fmt::Debug for SqlPool {
 pub struct WriteTx {
     tx: Transaction<'static, Any>,
     _local: Option<OwnedMutexGuard<()>>,
+    /// SQLite with durable commits: where the commit is made durable.
+    wal: Option<Arc<WalSync>>,
 }
 
 impl Deref for WriteTx {
@@ -89,7 +98,11 @@ impl WriteTx {
     /// A write transaction whose caller serializes writers itself (Postgres callers that
     /// queue per key, see [`crate::group_commit`], before taking an advisory lock).
     pub fn from_tx(tx: Transaction<'static, Any>) -> Self {
-        WriteTx { tx, _local: None }
+        WriteTx {
+            tx,
+            _local: None,
+            wal: None,
+        }
     }
 
     /// The connection, for queries.
@@ -97,8 +110,24 @@ impl WriteTx {
         &mut self.tx
     }
 
+    /// Commits and returns once the commit is durable (on SQLite, after releasing the writer:
+    /// see [`crate::wal_sync`]).
     pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+        self.commit_visible().await?.durable().await
+    }
+
+    /// Commits and releases the writer; the commit is durable once the answer's
+    /// [`Pending::durable`] returns Ok. Whoever answers for the commit must wait for that.
+    pub async fn commit_visible(self) -> Result<Pending, sqlx::Error> {
+        let WriteTx { tx, _local, wal } = self;
+        tx.commit().await?;
+        // The ticket is taken while the writer is still held: tickets follow the log.
+        let pending = match &wal {
+            Some(wal) => wal.committed(),
+            None => Pending::durable_now(),
+        };
+        drop(_local);
+        Ok(pending)
     }
 }
 
@@ -218,6 +247,15 @@ async fn sqlite_settings(
     Ok(())
 }
 
+/// The file of a SQLite pool's main database (`None` in memory).
+async fn database_file(pool: &AnyPool) -> Result<Option<PathBuf>, sqlx::Error> {
+    let file: Option<String> =
+        sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .fetch_optional(pool)
+            .await?;
+    Ok(file.filter(|f| !f.is_empty()).map(PathBuf::from))
+}
+
 /// Copies the SQLite write-ahead log into the database file every [`CHECKPOINT_EVERY`] until
 /// the pool closes or its last [`SqlPool`] is gone (`alive`), so that no request's commit pays
 /// for a checkpoint (two fsyncs and the copy). Passive: it never waits for, or blocks, a
@@ -252,7 +290,9 @@ impl SqlPool {
                 .with_context(|| format!("cannot create data dir {}", dir.display()))?;
         }
         let full_sync = options.sqlite_full_sync;
-        let open = |options: AnyPoolOptions| {
+        // `synchronous`: `FULL` for durable commits, except on the writer connection of a
+        // durable database, whose commits `WalSync` makes durable after the writer is released.
+        let open = |options: AnyPoolOptions, full_sync: bool| {
             options
                 .acquire_timeout(Duration::from_secs(30))
                 // No ping before each use: a round trip per statement batch on Postgres and a
@@ -274,10 +314,13 @@ impl SqlPool {
                 redact_url(&options.url)
             ))
         };
-        let pool = open(AnyPoolOptions::new().max_connections(options.max_connections))
-            .connect(&options.url)
-            .await
-            .map_err(connected)?;
+        let pool = open(
+            AnyPoolOptions::new().max_connections(options.max_connections),
+            full_sync,
+        )
+        .connect(&options.url)
+        .await
+        .map_err(connected)?;
         // SQLite: every write transaction on one connection, kept open. A connection's page
         // cache survives only its own commits (one that finds the database changed by another
         // connection starts cold), so a writer that moved over the pool would begin each
@@ -289,6 +332,7 @@ impl SqlPool {
                         .max_connections(1)
                         .idle_timeout(None)
                         .max_lifetime(None),
+                    false,
                 )
                 .connect(&options.url)
                 .await
@@ -300,12 +344,19 @@ impl SqlPool {
         if dialect == Dialect::Sqlite {
             tokio::spawn(checkpoints(pool.clone(), Arc::downgrade(&writer)));
         }
+        let wal = match &writes {
+            Some(writes) if full_sync => Some(database_file(writes).await.map_err(connected)?),
+            _ => None,
+        }
+        .flatten()
+        .map(WalSync::new);
         Ok(SqlPool {
             pool,
             writes,
             dialect,
             url: options.url,
             writer,
+            wal,
         })
     }
 
@@ -360,12 +411,10 @@ impl SqlPool {
                 Ok(WriteTx {
                     tx,
                     _local: Some(local),
+                    wal: self.wal.clone(),
                 })
             }
-            Dialect::Postgres => Ok(WriteTx {
-                tx: self.pool.begin().await?,
-                _local: None,
-            }),
+            Dialect::Postgres => Ok(WriteTx::from_tx(self.pool.begin().await?)),
         }
     }
 
@@ -380,6 +429,11 @@ impl SqlPool {
                     .await
             }
         }
+    }
+
+    /// SQLite with durable commits: the write-ahead log its commits are fsynced in.
+    pub fn wal(&self) -> Option<&Arc<WalSync>> {
+        self.wal.as_ref()
     }
 
     /// Whether the database answers.
