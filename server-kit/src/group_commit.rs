@@ -89,6 +89,14 @@ struct Shared {
     flush_after: Duration,
 }
 
+impl Shared {
+    /// The commit of the open batch under `guard` (see [`flush`]), to run in a task of its own.
+    fn flushing(&self, guard: OwnedMutexGuard<Slot>) -> impl Future<Output = ()> + Send + 'static {
+        let observer = self.observer.clone();
+        async move { flush(guard, observer.as_ref()).await }
+    }
+}
+
 /// The group commit of one key. Cheap to clone.
 #[derive(Clone)]
 pub struct GroupCommit {
@@ -152,9 +160,8 @@ impl GroupCommit {
     pub async fn flush(&self) {
         let guard = self.shared.slot.clone().lock_owned().await;
         if guard.open.as_ref().is_some_and(|b| !b.waiters.is_empty()) {
-            let observer = self.shared.observer.clone();
             // In a task of its own, as every commit: done even if the caller goes away.
-            let _ = tokio::spawn(async move { flush(guard, observer.as_ref()).await }).await;
+            let _ = tokio::spawn(self.shared.flushing(guard)).await;
         }
     }
 
@@ -352,8 +359,7 @@ impl Operation {
         if full || (!followed && shared.waiting.load(Ordering::SeqCst) == 0) {
             // Commit in a task of its own: the batch is committed and everyone in it answered
             // even if this request goes away meanwhile.
-            let observer = shared.observer.clone();
-            let _ = tokio::spawn(async move { flush(guard, observer.as_ref()).await }).await;
+            let _ = tokio::spawn(shared.flushing(guard)).await;
         } else {
             drop(guard);
         }
@@ -363,12 +369,11 @@ impl Operation {
                 Ok(Err(_)) => return Err(to_error(Arc::from("the batch was dropped"))),
                 Err(_) => {
                     // Nobody behind us committed our batch: commit whatever is open.
-                    let slot = shared.slot.clone();
-                    let observer = shared.observer.clone();
+                    let shared = shared.clone();
                     let _ = tokio::spawn(async move {
-                        let guard = slot.lock_owned().await;
+                        let guard = shared.slot.clone().lock_owned().await;
                         if guard.open.as_ref().is_some_and(|b| b.seq <= seq) {
-                            flush(guard, observer.as_ref()).await;
+                            shared.flushing(guard).await;
                         }
                     })
                     .await;
@@ -398,8 +403,7 @@ impl Drop for Operation {
         if self.shared.waiting.load(Ordering::SeqCst) == 0
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let observer = self.shared.observer.clone();
-            runtime.spawn(async move { flush(guard, observer.as_ref()).await });
+            runtime.spawn(self.shared.flushing(guard));
         }
     }
 }

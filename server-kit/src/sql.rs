@@ -432,7 +432,8 @@ impl SqlPool {
     }
 
     /// SQLite with durable commits: the write-ahead log its commits are fsynced in.
-    pub fn wal(&self) -> Option<&Arc<WalSync>> {
+    #[cfg(test)]
+    pub(crate) fn wal(&self) -> Option<&Arc<WalSync>> {
         self.wal.as_ref()
     }
 
@@ -450,7 +451,7 @@ impl SqlPool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -489,7 +490,7 @@ mod tests {
 
     /// A SQLite pool in a directory of its own (removed by the caller) with a table `t` of
     /// `columns`.
-    async fn table_t(name: &str, connections: u32, columns: &str) -> (SqlPool, PathBuf) {
+    pub(crate) async fn table_t(name: &str, connections: u32, columns: &str) -> (SqlPool, PathBuf) {
         let dir = std::env::temp_dir().join(format!("server-kit-{name}-{}", std::process::id()));
         let pool = SqlPool::connect(PoolOptions {
             url: format!("sqlite://{}/t.db?mode=rwc", dir.display()),

@@ -73,7 +73,8 @@ impl Pending {
     }
 
     /// The commit's place in its log's order (`None`: durable already).
-    pub fn ticket(&self) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn ticket(&self) -> Option<u64> {
         self.sync.as_ref().map(|(_, t)| *t)
     }
 }
@@ -100,7 +101,8 @@ impl WalSync {
     }
 
     /// Every commit up to this ticket is known to be durable.
-    pub async fn synced_through(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) async fn synced_through(&self) -> u64 {
         self.state.lock().await.through
     }
 
@@ -222,25 +224,16 @@ mod tests {
     /// fsync.
     #[tokio::test]
     async fn a_commit_frees_the_writer_before_its_fsync() {
-        use crate::sql::{PoolOptions, SqlPool};
-        let dir = tempfile_dir("wal-pool");
-        let pool = SqlPool::connect(PoolOptions {
-            url: format!("sqlite://{}/t.db?mode=rwc", dir.display()),
-            max_connections: 2,
-            sqlite_full_sync: true,
-            create_dir: Some(dir.clone()),
-        })
-        .await
-        .expect("pool");
+        let (pool, dir) = crate::sql::tests::table_t("wal-pool", 2, "n INTEGER").await;
         let wal = pool
             .wal()
             .expect("a durable SQLite pool fsyncs its log")
             .clone();
         let mut w = pool.write().await.expect("write");
-        sqlx::query("CREATE TABLE t (n INTEGER)")
+        sqlx::query("INSERT INTO t (n) VALUES (0)")
             .execute(w.conn())
             .await
-            .expect("create");
+            .expect("insert");
         let pending = w.commit_visible().await.expect("commit");
         let ticket = pending.ticket().expect("a SQLite commit has a ticket");
         assert!(wal.synced_through().await < ticket);
