@@ -42,6 +42,7 @@ mod nodes;
 mod object_names;
 mod packs;
 mod publish;
+mod root_ref_adding;
 mod root_ref_plan;
 mod root_ref_reads;
 mod root_refs;

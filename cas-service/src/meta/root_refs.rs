@@ -1,7 +1,8 @@
 //! Root references: the updates of a batch applied in two round trips to the database, one
 //! of lookups and one of writes (App-global revisions, counts, current balances, events,
 //! idempotency records). The batch is planned in `root_ref_plan`; reads are in
-//! `root_ref_reads`.
+//! `root_ref_reads`; on SQLite a batch that only adds is written without its lookups
+//! (`root_ref_adding`).
 //!
 //! Balances are kept per (Space, domain, hash); a node's `root_ref_count` is their sum over
 //! domains. As the public contract has it, only that sum must stay at or above zero: a domain's
@@ -76,9 +77,10 @@ impl Partition {
             .ok_or_else(|| sqlx::Error::Protocol("an update was left without an outcome".into()))
     }
 
-    /// Applies (or replays) several updates in order, each with a revision of its own, in two
-    /// statements whatever their number (one that reads, one that writes: each a single
-    /// round trip to the database): each is checked against the counts the ones before it
+    /// Applies (or replays) several updates in order, each with a revision of its own, in a
+    /// few statements whatever their number (one that reads, one that writes: each a single
+    /// round trip to the database; on SQLite a batch that only adds is written without being
+    /// read, see `root_ref_adding`): each is checked against the counts the ones before it
     /// left, and one that is refused changes nothing and does not stop the others. The
     /// changes together name at most [`MAX_BATCH_HASHES`] hashes.
     pub async fn update_root_refs_many(
@@ -89,6 +91,21 @@ impl Partition {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
+        if self.dialect == Dialect::Sqlite
+            && let Some(outcomes) = self.try_adding(updates, now).await?
+        {
+            return Ok(outcomes);
+        }
+        self.apply_read_first(updates, now).await
+    }
+
+    /// [`Partition::update_root_refs_many`] by reading what the batch names, planning it,
+    /// and writing what the plan accepts.
+    pub(super) async fn apply_read_first(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+        now: i64,
+    ) -> Result<Vec<RootRefOutcome>, sqlx::Error> {
         let found = self.lookups(updates).await?;
         let (planned, steps) = plan(updates, &found.requests, found.counts, found.balances);
         let accepted = steps.len() as i64;
@@ -131,11 +148,7 @@ impl Partition {
         let (kept, zero): (Vec<_>, Vec<_>) = balances.iter().partition(|(_, count)| **count != 0);
         let accepted = steps.len() as i64;
         let mut w = Writes::new(self.statement());
-        w.next("UPDATE apps SET revision = revision + ")
-            .value(Value::Int(accepted))
-            .text(" WHERE app_id = ")
-            .value(text(app))
-            .text(" RETURNING revision");
+        revision_part(&mut w, app, accepted);
         if !finals.is_empty() {
             w.next("").update_nodes(
                 (app, space),
@@ -168,47 +181,8 @@ impl Partition {
             let gone: Vec<(&RefDomain, Hash)> = zero.iter().map(|((d, h), _)| (*d, *h)).collect();
             delete_balances(w.next(""), (app, space), &gone);
         }
-        // The k-th step (1..) gets the revision `new - accepted + k`.
-        let offset = |k: usize| Value::Int(k as i64 + 1 - accepted);
-        w.next(
-            "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
-             changes, actor, applied_at) SELECT v.column1, v.column2, a.revision + v.column3, \
-             v.column4, v.column5, v.column6, v.column7, v.column8 FROM (VALUES ",
-        );
-        for (k, step) in steps.iter().enumerate() {
-            let u = &updates[step.update];
-            let changes = serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
-            w.comma(k).tuple([
-                text(app),
-                text(space),
-                offset(k),
-                text(u.domain.as_str()),
-                text(u.request_id.as_str()),
-                Value::Text(changes),
-                text(u.actor),
-                Value::Int(now),
-            ]);
-        }
-        w.text(") AS v, ");
-        w.revision_of(app);
-        w.next(
-            "INSERT INTO root_ref_requests (app_id, space_id, ref_domain, request_id, \
-             payload_hash, revision) SELECT v.column1, v.column2, v.column3, v.column4, \
-             v.column5, a.revision + v.column6 FROM (VALUES ",
-        );
-        for (k, step) in steps.iter().enumerate() {
-            let u = &updates[step.update];
-            w.comma(k).tuple([
-                text(app),
-                text(space),
-                text(u.domain.as_str()),
-                text(u.request_id.as_str()),
-                Value::Bytes(hb(u.payload_hash)),
-                offset(k),
-            ]);
-        }
-        w.text(") AS v, ");
-        w.revision_of(app);
+        let order: Vec<usize> = steps.iter().map(|s| s.update).collect();
+        event_parts(&mut w, (app, space), updates, &order, now);
         // All rows, not one: on SQLite a query that stops at its first row leaves the
         // statements after the first unrun.
         let rows = w.finish().fetch_all(&mut **self.tx()).await?;
@@ -280,17 +254,80 @@ impl Partition {
     }
 }
 
+/// Appends the first part of a batch's writes: the App's revision moved by `accepted`, which
+/// the later parts read as `a`.
+pub(super) fn revision_part(w: &mut Writes, app: &str, accepted: i64) {
+    w.next("UPDATE apps SET revision = revision + ")
+        .value(Value::Int(accepted))
+        .text(" WHERE app_id = ")
+        .value(Value::Text(app.to_string()))
+        .text(" RETURNING revision");
+}
+
+/// Appends the event and the request row of each update of `order` (indexes into
+/// `updates`, in revision order): the k-th (1..) gets the App's new revision less
+/// `order.len()` plus k.
+pub(super) fn event_parts(
+    w: &mut Writes,
+    (app, space): (&str, &str),
+    updates: &[RootRefChange<'_>],
+    order: &[usize],
+    now: i64,
+) {
+    let text = |s: &str| Value::Text(s.to_string());
+    let offset = |k: usize| Value::Int(k as i64 + 1 - order.len() as i64);
+    w.next(
+        "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
+         changes, actor, applied_at) SELECT v.column1, v.column2, a.revision + v.column3, \
+         v.column4, v.column5, v.column6, v.column7, v.column8 FROM (VALUES ",
+    );
+    for (k, &i) in order.iter().enumerate() {
+        let u = &updates[i];
+        let changes = serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
+        w.comma(k).tuple([
+            text(app),
+            text(space),
+            offset(k),
+            text(u.domain.as_str()),
+            text(u.request_id.as_str()),
+            Value::Text(changes),
+            text(u.actor),
+            Value::Int(now),
+        ]);
+    }
+    w.text(") AS v, ");
+    w.revision_of(app);
+    w.next(
+        "INSERT INTO root_ref_requests (app_id, space_id, ref_domain, request_id, \
+         payload_hash, revision) SELECT v.column1, v.column2, v.column3, v.column4, \
+         v.column5, a.revision + v.column6 FROM (VALUES ",
+    );
+    for (k, &i) in order.iter().enumerate() {
+        let u = &updates[i];
+        w.comma(k).tuple([
+            text(app),
+            text(space),
+            text(u.domain.as_str()),
+            text(u.request_id.as_str()),
+            Value::Bytes(hb(u.payload_hash)),
+            offset(k),
+        ]);
+    }
+    w.text(") AS v, ");
+    w.revision_of(app);
+}
+
 /// The writes of a batch, in one round trip: on SQLite, statements one after the other in
 /// one text (run in order; an `INSERT … SELECT` reads the App's revision the first one
 /// wrote); on Postgres, one statement of data-modifying parts that read the App's new
 /// revision from the first one's `RETURNING`.
-struct Writes {
+pub(super) struct Writes {
     statement: Statement,
     parts: usize,
 }
 
 impl Writes {
-    fn new(statement: Statement) -> Self {
+    pub(super) fn new(statement: Statement) -> Self {
         Writes {
             statement,
             parts: 0,
@@ -299,7 +336,7 @@ impl Writes {
 
     /// Starts the next part with `sql`. The first part is the App's revision update, which
     /// the others read as `a`.
-    fn next(&mut self, sql: &str) -> &mut Statement {
+    pub(super) fn next(&mut self, sql: &str) -> &mut Statement {
         let sep = match (self.statement.dialect(), self.parts) {
             (Dialect::Postgres, 0) => "WITH a AS (".to_string(),
             (Dialect::Postgres, n) => format!("), w{n} AS ("),
@@ -327,7 +364,9 @@ impl Writes {
     }
 
     /// The text and values of the whole.
-    fn finish(mut self) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
+    pub(super) fn finish(
+        mut self,
+    ) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
         if self.statement.dialect() == Dialect::Postgres {
             self.statement.text(") SELECT revision FROM a");
         }
@@ -349,7 +388,11 @@ impl std::ops::DerefMut for Writes {
 }
 
 /// Appends the deletion of the balances of (domain, hash) `keys` of a partition.
-fn delete_balances(q: &mut Statement, (app, space): (&str, &str), keys: &[(&RefDomain, Hash)]) {
+pub(super) fn delete_balances(
+    q: &mut Statement,
+    (app, space): (&str, &str),
+    keys: &[(&RefDomain, Hash)],
+) {
     q.text("DELETE FROM root_ref_balances WHERE app_id = ")
         .value(Value::Text(app.to_string()))
         .text(" AND space_id = ")

@@ -1,0 +1,367 @@
+//! A root-ref batch on SQLite that only adds, written without being read first.
+//!
+//! When every change of a batch is positive (the usual case: references taken), no update of
+//! it can be refused for a count going below zero, and one that is refused for another reason
+//! (a node absent or being collected, a count or balance past the limit, a balance brought to
+//! zero, which is not stored) is one whose write the statement can refuse row by row. So the
+//! batch's changes are summed per node and per (domain, node) and added in one round trip,
+//! inside a savepoint of its own, each row only where it stays valid, with the App's revision,
+//! the events and the request rows of every update that is not a replay; when every row was
+//! written, the batch is exactly what the full path would have written. When one was not, the
+//! savepoint is rolled back and the full path (`Partition::apply_read_first`) decides, so
+//! every outcome is the one the full path gives. A batch with a negative change goes to the
+//! full path at once.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use cas_format::{Hash, RefDomain};
+use sqlx::Row;
+
+use super::root_ref_plan::{Planned, plan};
+use super::root_refs::{
+    MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, Writes, event_parts, revision_part,
+};
+use super::{Partition, Value, hb};
+
+/// The savepoint the additions are made in.
+const SAVEPOINT: &str = "unicas_root_refs";
+
+impl Partition {
+    /// Applies `updates` as additions when every change is positive and every row could be
+    /// written; `None`, with nothing changed, otherwise (or when the batch has nothing to
+    /// write), for the full path to decide.
+    pub(super) async fn try_adding(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+        now: i64,
+    ) -> Result<Option<Vec<RootRefOutcome>>, sqlx::Error> {
+        if updates.iter().any(|u| u.changes.values().any(|d| *d <= 0)) {
+            return Ok(None);
+        }
+        let earlier = self.earlier_requests(updates).await?;
+        // Planned from nothing, every update that is not a replay is accepted (a sum past the
+        // limit aside, which the rows refuse as well): the outcomes, if every row is written.
+        let counts = updates
+            .iter()
+            .flat_map(|u| u.changes.keys())
+            .map(|h| (*h, (0, true)))
+            .collect();
+        let (planned, steps) = plan(updates, &earlier, counts, HashMap::new());
+        let order: Vec<usize> = steps.iter().map(|s| s.update).collect();
+        let mut seen = HashSet::new();
+        let fresh = (0..updates.len()).filter(|&i| {
+            let key = (updates[i].domain.clone(), updates[i].request_id.to_string());
+            !earlier.contains_key(&key) && seen.insert(key)
+        });
+        if order.is_empty() || !fresh.eq(order.iter().copied()) {
+            return Ok(None);
+        }
+        let mut by_node: BTreeMap<Hash, i64> = BTreeMap::new();
+        let mut by_balance: BTreeMap<(&RefDomain, Hash), i64> = BTreeMap::new();
+        for &i in &order {
+            for (hash, delta) in updates[i].changes {
+                *by_node.entry(*hash).or_default() += delta;
+                *by_balance.entry((updates[i].domain, *hash)).or_default() += delta;
+            }
+        }
+        let written = match self.add(updates, &order, &by_node, &by_balance, now).await {
+            Ok(written) => written,
+            // The full path decides (and meets the failure again if it lasts), unless the
+            // savepoint is gone with the transaction.
+            Err(e) => return self.roll_back().await.map(|()| None).map_err(|_| e),
+        };
+        let (revision, nodes, balances) = written;
+        if nodes != by_node.len() as i64 || balances != by_balance.len() as i64 {
+            return self.roll_back().await.map(|()| None);
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("RELEASE {SAVEPOINT}")))
+            .execute(&mut **self.tx())
+            .await?;
+        let base = revision - order.len() as i64;
+        Ok(Some(
+            planned
+                .into_iter()
+                .map(|p| match p {
+                    Planned::Done(o) => o,
+                    Planned::Applied(k) => Ok((base + k, false)),
+                    Planned::Replayed(k) => Ok((base + k, true)),
+                })
+                .collect(),
+        ))
+    }
+
+    /// The earlier requests among the updates' ids: (domain, id) to (payload hash, revision).
+    async fn earlier_requests(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+    ) -> Result<HashMap<(RefDomain, String), (Vec<u8>, i64)>, sqlx::Error> {
+        let text = |s: &str| Value::Text(s.to_string());
+        let domains: BTreeSet<&str> = updates.iter().map(|u| u.domain.as_str()).collect();
+        let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
+        let mut q = self.statement();
+        q.text(
+            "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
+             WHERE app_id = ",
+        )
+        .value(text(self.app.as_str()))
+        .text(" AND space_id = ")
+        .value(text(self.space.as_str()))
+        .text(" AND ref_domain IN ")
+        .tuple(domains.iter().map(|d| text(d)))
+        .text(" AND request_id IN ")
+        .tuple(ids.iter().map(|id| text(id)));
+        let rows = q.query().fetch_all(&mut **self.tx()).await?;
+        rows.iter()
+            .map(|r| {
+                let domain: String = r.try_get("ref_domain")?;
+                let domain = domain.parse().map_err(|e| sqlx::Error::ColumnDecode {
+                    index: "ref_domain".into(),
+                    source: format!("{e}").into(),
+                })?;
+                Ok((
+                    (domain, r.try_get("request_id")?),
+                    (r.try_get("payload_hash")?, r.try_get("revision")?),
+                ))
+            })
+            .collect()
+    }
+
+    /// Opens the savepoint and adds the batch's sums where each row stays valid, with the
+    /// App's revision, the events and the requests; returns the App's new revision and how
+    /// many node and balance rows were written.
+    async fn add(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+        order: &[usize],
+        by_node: &BTreeMap<Hash, i64>,
+        by_balance: &BTreeMap<(&RefDomain, Hash), i64>,
+        now: i64,
+    ) -> Result<(i64, i64, i64), sqlx::Error> {
+        let (app, space) = (self.app.as_str(), self.space.as_str());
+        let text = |s: &str| Value::Text(s.to_string());
+        let mut q = self.statement();
+        q.text(&format!("SAVEPOINT {SAVEPOINT}; "));
+        let mut w = Writes::new(q);
+        revision_part(&mut w, app, order.len() as i64);
+        // A node is written only while it is not being collected and its count stays in range.
+        w.next("")
+            .update_nodes(
+                (app, space),
+                "root_ref_count = root_ref_count + v.column2, rooted = 1",
+                by_node.iter().map(|(h, d)| (*h, vec![Value::Int(*d)])),
+            )
+            .text(&format!(
+                " AND nodes.collecting_since IS NULL \
+                 AND nodes.root_ref_count <= {MAX_ROOT_REF_COUNT} - v.column2; \
+                 SELECT changes() AS nodes_written"
+            ));
+        w.next(
+            "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
+             VALUES ",
+        );
+        for (i, ((domain, hash), d)) in by_balance.iter().enumerate() {
+            w.comma(i).tuple([
+                text(app),
+                text(space),
+                text(domain.as_str()),
+                Value::Bytes(hb(hash)),
+                Value::Int(*d),
+            ]);
+        }
+        // A balance is written only while it stays in range and does not reach zero (a
+        // balance below zero is one domain releasing what another took).
+        w.text(&format!(
+            " ON CONFLICT (app_id, space_id, ref_domain, hash) DO UPDATE SET ref_count = \
+             root_ref_balances.ref_count + excluded.ref_count \
+             WHERE root_ref_balances.ref_count + excluded.ref_count <> 0 \
+             AND root_ref_balances.ref_count <= {MAX_ROOT_REF_COUNT} - excluded.ref_count; \
+             SELECT changes() AS balances_written"
+        ));
+        event_parts(&mut w, (app, space), updates, order, now);
+        // All rows: on SQLite a query that stops at its first row leaves the later
+        // statements unrun.
+        let rows = w.finish().fetch_all(&mut **self.tx()).await?;
+        let (mut revision, mut nodes, mut balances) = (None, None, None);
+        for r in &rows {
+            if let Ok(n) = r.try_get::<i64, _>("revision") {
+                revision = Some(n);
+            } else if let Ok(n) = r.try_get::<i64, _>("nodes_written") {
+                nodes = Some(n);
+            } else if let Ok(n) = r.try_get::<i64, _>("balances_written") {
+                balances = Some(n);
+            }
+        }
+        match (revision, nodes, balances) {
+            (Some(r), Some(n), Some(b)) => Ok((r, n, b)),
+            _ => Err(sqlx::Error::Protocol(
+                "the additions of a root-ref batch did not report their rows".into(),
+            )),
+        }
+    }
+
+    /// Undoes the additions.
+    async fn roll_back(&mut self) -> Result<(), sqlx::Error> {
+        let sql = format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut **self.tx())
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::MetaStore;
+    use super::*;
+    use cas_format::{AppId, RequestId, SpaceId};
+    use rand::{Rng, SeedableRng};
+
+    /// A store with one App and `nodes` nodes in partition (a, s), every fifteenth being
+    /// collected.
+    async fn store(dir: &std::path::Path, nodes: &[Hash]) -> MetaStore {
+        let config = crate::config::Config {
+            data_dir: dir.to_path_buf(),
+            ..Default::default()
+        };
+        let store = MetaStore::connect(&config).await.expect("store");
+        store.migrate().await.expect("migrate");
+        sqlx::query("INSERT INTO apps (app_id, issuer, created_at) VALUES ('a', 'i', 0)")
+            .execute(store.pool())
+            .await
+            .expect("app");
+        for (i, h) in nodes.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
+                 object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
+                 created_at, collecting_since) VALUES ('a', 's', $1, 1, 'raw', 0, 'g', \
+                 'identity', 1, 0, 0, 0, $2)",
+            )
+            .bind(hb(h))
+            .bind((i % 15 == 14).then_some(1i64))
+            .execute(store.pool())
+            .await
+            .expect("node");
+        }
+        store
+    }
+
+    /// Everything a root-ref batch writes, as text rows, in a fixed order.
+    async fn state(store: &MetaStore) -> Vec<String> {
+        let queries = [
+            "SELECT 'app', revision FROM apps",
+            "SELECT 'node', hex(hash), root_ref_count, rooted FROM nodes ORDER BY hash",
+            "SELECT 'balance', ref_domain, hex(hash), ref_count FROM root_ref_balances \
+             ORDER BY ref_domain, hash",
+            "SELECT 'event', revision, ref_domain, request_id, changes, actor, applied_at \
+             FROM root_ref_events ORDER BY revision",
+            "SELECT 'request', ref_domain, request_id, hex(payload_hash), revision \
+             FROM root_ref_requests ORDER BY ref_domain, request_id",
+        ];
+        let mut out = Vec::new();
+        for q in queries {
+            let sql = format!("SELECT CAST(json_array(*) AS TEXT) AS r FROM ({q})");
+            for row in sqlx::query(sqlx::AssertSqlSafe(sql))
+                .fetch_all(store.pool())
+                .await
+                .expect("state")
+            {
+                out.push(row.try_get::<String, _>("r").expect("row"));
+            }
+        }
+        out
+    }
+
+    /// Random batches (replays of earlier and of in-batch requests, the same id with another
+    /// payload, two domains, releases to zero and below and additions back from there, nodes
+    /// unknown or being collected, counts past the limit) give the same outcomes and leave
+    /// the same rows whether a batch that only adds is written without being read or every
+    /// batch is read first; and both ways are taken.
+    #[tokio::test]
+    async fn adding_without_reading_gives_what_reading_first_gives() {
+        let base = std::env::temp_dir().join(format!("unicas-adding-{}", std::process::id()));
+        let nodes: Vec<Hash> = (0..30u32).map(|i| Hash::digest(&i.to_le_bytes())).collect();
+        let unknown = Hash::digest(b"not stored");
+        let (first, second) = (
+            store(&base.join("w"), &nodes).await,
+            store(&base.join("r"), &nodes).await,
+        );
+        let (app, space): (AppId, SpaceId) = ("a".parse().unwrap(), "s".parse().unwrap());
+        let domains: [RefDomain; 2] = [RefDomain::default(), "other".parse().unwrap()];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (mut added, mut read) = (0, 0);
+        for batch in 0..400 {
+            let n = rng.random_range(1..8);
+            // Half the batches only add.
+            let adding = rng.random_bool(0.5);
+            let mut ids = Vec::new();
+            let mut changes = Vec::new();
+            let mut payloads = Vec::new();
+            let mut doms = Vec::new();
+            for _ in 0..n {
+                // Ids repeat across and within batches.
+                ids.push(
+                    format!("r{}", rng.random_range(0..(batch + 3)))
+                        .parse::<RequestId>()
+                        .unwrap(),
+                );
+                let mut c = BTreeMap::new();
+                for _ in 0..rng.random_range(1..4) {
+                    let hash = if rng.random_bool(0.02) {
+                        unknown
+                    } else {
+                        nodes[rng.random_range(0..nodes.len())]
+                    };
+                    let delta = match rng.random_range(0..100) {
+                        0..3 => MAX_ROOT_REF_COUNT,
+                        1..40 if !adding => -1,
+                        40..45 if !adding => -2,
+                        45..50 => 2,
+                        _ => 1,
+                    };
+                    c.insert(hash, delta);
+                }
+                payloads.push(Hash::digest(format!("{c:?}").as_bytes()));
+                changes.push(c);
+                doms.push(rng.random_range(0..2));
+            }
+            let updates: Vec<RootRefChange> = (0..n)
+                .map(|k| RootRefChange {
+                    domain: &domains[doms[k]],
+                    request_id: &ids[k],
+                    changes: &changes[k],
+                    payload_hash: &payloads[k],
+                    actor: "t",
+                })
+                .collect();
+            let mut p = first.gate(&app, &space).await.expect("gate");
+            let got = match p.try_adding(&updates, batch as i64).await.expect("write") {
+                Some(outcomes) => {
+                    added += 1;
+                    outcomes
+                }
+                None => {
+                    read += 1;
+                    p.apply_read_first(&updates, batch as i64)
+                        .await
+                        .expect("read")
+                }
+            };
+            p.commit().await.expect("commit");
+            let mut p = second.gate(&app, &space).await.expect("gate");
+            let want = p
+                .apply_read_first(&updates, batch as i64)
+                .await
+                .expect("read");
+            p.commit().await.expect("commit");
+            assert_eq!(got, want, "batch {batch}");
+        }
+        assert_eq!(state(&first).await, state(&second).await);
+        assert!(
+            added > 50 && read > 50,
+            "{added} added without reading, {read} read first"
+        );
+        first.pool().close().await;
+        second.pool().close().await;
+        let _ = std::fs::remove_dir_all(base);
+    }
+}
