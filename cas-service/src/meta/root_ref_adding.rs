@@ -19,9 +19,10 @@ use sqlx::Row;
 
 use super::root_ref_plan::{Planned, plan};
 use super::root_refs::{
-    MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, Writes, event_parts, revision_part,
+    MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, Writes, balance_rows, event_parts,
+    revision_part,
 };
-use super::{Partition, Value, hb};
+use super::{Partition, Value};
 
 /// The savepoint the additions are made in.
 const SAVEPOINT: &str = "unicas_root_refs";
@@ -138,7 +139,6 @@ impl Partition {
         now: i64,
     ) -> Result<(i64, i64, i64), sqlx::Error> {
         let (app, space) = (self.app.as_str(), self.space.as_str());
-        let text = |s: &str| Value::Text(s.to_string());
         let mut q = self.statement();
         q.text(&format!("SAVEPOINT {SAVEPOINT}; "));
         let mut w = Writes::new(q);
@@ -155,19 +155,10 @@ impl Partition {
                  AND nodes.root_ref_count <= {MAX_ROOT_REF_COUNT} - v.column2; \
                  SELECT changes() AS nodes_written"
             ));
-        w.next(
-            "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
-             VALUES ",
-        );
-        for (i, ((domain, hash), d)) in by_balance.iter().enumerate() {
-            w.comma(i).tuple([
-                text(app),
-                text(space),
-                text(domain.as_str()),
-                Value::Bytes(hb(hash)),
-                Value::Int(*d),
-            ]);
-        }
+        let rows = by_balance
+            .iter()
+            .map(|((domain, hash), d)| (*domain, hash, *d));
+        balance_rows(&mut w, (app, space), rows);
         // A balance is written only while it stays in range and does not reach zero (a
         // balance below zero is one domain releasing what another took).
         w.text(&format!(
@@ -211,7 +202,7 @@ impl Partition {
 
 #[cfg(test)]
 mod tests {
-    use super::super::MetaStore;
+    use super::super::{MetaStore, hb};
     use super::*;
     use cas_format::{AppId, RequestId, SpaceId};
     use rand::{Rng, SeedableRng};

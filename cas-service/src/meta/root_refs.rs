@@ -134,7 +134,6 @@ impl Partition {
         now: i64,
     ) -> Result<i64, sqlx::Error> {
         let (app, space) = (self.app.as_str(), self.space.as_str());
-        let text = |s: &str| Value::Text(s.to_string());
         // The final counts and balances (absolute: the gate is held).
         let mut finals: BTreeMap<Hash, i64> = BTreeMap::new();
         let mut balances: BTreeMap<(&RefDomain, Hash), i64> = BTreeMap::new();
@@ -159,19 +158,10 @@ impl Partition {
             );
         }
         if !kept.is_empty() {
-            w.next(
-                "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
-                 VALUES ",
-            );
-            for (i, ((domain, hash), count)) in kept.iter().enumerate() {
-                w.comma(i).tuple([
-                    text(app),
-                    text(space),
-                    text(domain.as_str()),
-                    Value::Bytes(hb(hash)),
-                    Value::Int(**count),
-                ]);
-            }
+            let rows = kept
+                .iter()
+                .map(|((domain, hash), count)| (*domain, hash, **count));
+            balance_rows(&mut w, (app, space), rows);
             w.text(
                 " ON CONFLICT (app_id, space_id, ref_domain, hash) \
                  DO UPDATE SET ref_count = excluded.ref_count",
@@ -262,6 +252,26 @@ pub(super) fn revision_part(w: &mut Writes, app: &str, accepted: i64) {
         .text(" WHERE app_id = ")
         .value(Value::Text(app.to_string()))
         .text(" RETURNING revision");
+}
+
+/// Appends the next part: an insert of the balances `rows` of a partition, each a (domain,
+/// hash) and its count; the caller says what a conflict does.
+pub(super) fn balance_rows<'a>(
+    w: &mut Writes,
+    (app, space): (&str, &str),
+    rows: impl Iterator<Item = (&'a RefDomain, &'a Hash, i64)>,
+) {
+    let text = |s: &str| Value::Text(s.to_string());
+    w.next("INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) VALUES ");
+    for (i, (domain, hash, count)) in rows.enumerate() {
+        w.comma(i).tuple([
+            text(app),
+            text(space),
+            text(domain.as_str()),
+            Value::Bytes(hb(hash)),
+            Value::Int(count),
+        ]);
+    }
 }
 
 /// Appends the event and the request row of each update of `order` (indexes into
