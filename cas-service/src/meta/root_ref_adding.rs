@@ -12,15 +12,15 @@
 //! every outcome is the one the full path gives. A batch with a negative change goes to the
 //! full path at once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use cas_format::{Hash, RefDomain};
 use sqlx::Row;
 
-use super::root_ref_plan::{Planned, plan};
+use super::root_ref_plan::{Planned, outcomes, plan};
 use super::root_refs::{
-    MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, Writes, balance_rows, event_parts,
-    revision_part,
+    MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection, Writes, balance_rows,
+    event_parts, revision_part,
 };
 use super::{Partition, Value};
 
@@ -49,12 +49,10 @@ impl Partition {
             .collect();
         let (planned, steps) = plan(updates, &earlier, counts, HashMap::new());
         let order: Vec<usize> = steps.iter().map(|s| s.update).collect();
-        let mut seen = HashSet::new();
-        let fresh = (0..updates.len()).filter(|&i| {
-            let key = (updates[i].domain.clone(), updates[i].request_id.to_string());
-            !earlier.contains_key(&key) && seen.insert(key)
-        });
-        if order.is_empty() || !fresh.eq(order.iter().copied()) {
+        let refused = planned.iter().any(
+            |p| matches!(p, Planned::Done(Err(r)) if *r != RootRefRejection::IdempotencyConflict),
+        );
+        if order.is_empty() || refused {
             return Ok(None);
         }
         let mut by_node: BTreeMap<Hash, i64> = BTreeMap::new();
@@ -65,66 +63,20 @@ impl Partition {
                 *by_balance.entry((updates[i].domain, *hash)).or_default() += delta;
             }
         }
-        let written = match self.add(updates, &order, &by_node, &by_balance, now).await {
-            Ok(written) => written,
-            // The full path decides (and meets the failure again if it lasts), unless the
-            // savepoint is gone with the transaction.
-            Err(e) => return self.roll_back().await.map(|()| None).map_err(|_| e),
-        };
-        let (revision, nodes, balances) = written;
+        let (revision, nodes, balances) =
+            match self.add(updates, &order, &by_node, &by_balance, now).await {
+                Ok(written) => written,
+                // The full path decides (and meets the failure again if it lasts), unless the
+                // savepoint is gone with the transaction.
+                Err(e) => return self.roll_back().await.map(|()| None).map_err(|_| e),
+            };
         if nodes != by_node.len() as i64 || balances != by_balance.len() as i64 {
             return self.roll_back().await.map(|()| None);
         }
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("RELEASE {SAVEPOINT}")))
             .execute(&mut **self.tx())
             .await?;
-        let base = revision - order.len() as i64;
-        Ok(Some(
-            planned
-                .into_iter()
-                .map(|p| match p {
-                    Planned::Done(o) => o,
-                    Planned::Applied(k) => Ok((base + k, false)),
-                    Planned::Replayed(k) => Ok((base + k, true)),
-                })
-                .collect(),
-        ))
-    }
-
-    /// The earlier requests among the updates' ids: (domain, id) to (payload hash, revision).
-    async fn earlier_requests(
-        &mut self,
-        updates: &[RootRefChange<'_>],
-    ) -> Result<HashMap<(RefDomain, String), (Vec<u8>, i64)>, sqlx::Error> {
-        let text = |s: &str| Value::Text(s.to_string());
-        let domains: BTreeSet<&str> = updates.iter().map(|u| u.domain.as_str()).collect();
-        let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
-        let mut q = self.statement();
-        q.text(
-            "SELECT ref_domain, request_id, payload_hash, revision FROM root_ref_requests \
-             WHERE app_id = ",
-        )
-        .value(text(self.app.as_str()))
-        .text(" AND space_id = ")
-        .value(text(self.space.as_str()))
-        .text(" AND ref_domain IN ")
-        .tuple(domains.iter().map(|d| text(d)))
-        .text(" AND request_id IN ")
-        .tuple(ids.iter().map(|id| text(id)));
-        let rows = q.query().fetch_all(&mut **self.tx()).await?;
-        rows.iter()
-            .map(|r| {
-                let domain: String = r.try_get("ref_domain")?;
-                let domain = domain.parse().map_err(|e| sqlx::Error::ColumnDecode {
-                    index: "ref_domain".into(),
-                    source: format!("{e}").into(),
-                })?;
-                Ok((
-                    (domain, r.try_get("request_id")?),
-                    (r.try_get("payload_hash")?, r.try_get("revision")?),
-                ))
-            })
-            .collect()
+        Ok(Some(outcomes(planned, revision - order.len() as i64)))
     }
 
     /// Opens the savepoint and adds the batch's sums where each row stays valid, with the

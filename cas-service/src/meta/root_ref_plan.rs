@@ -18,11 +18,25 @@ pub(super) enum Planned {
     Replayed(i64),
 }
 
+/// Earlier requests: (domain, request id) to (payload hash, revision).
+pub(super) type Requests = HashMap<(RefDomain, String), (Vec<u8>, i64)>;
+
+/// The outcome of each planned update, the batch's `k`-th new revision being `base + k`.
+pub(super) fn outcomes(planned: Vec<Planned>, base: i64) -> Vec<RootRefOutcome> {
+    planned
+        .into_iter()
+        .map(|p| match p {
+            Planned::Done(o) => o,
+            Planned::Applied(k) => Ok((base + k, false)),
+            Planned::Replayed(k) => Ok((base + k, true)),
+        })
+        .collect()
+}
+
 /// What a batch's lookups found.
 #[derive(Default)]
 pub(super) struct Found {
-    /// (domain, request id) to (payload hash, revision).
-    pub requests: HashMap<(RefDomain, String), (Vec<u8>, i64)>,
+    pub requests: Requests,
     /// A node's root ref count, and whether it is ready (not being collected). Nodes that do
     /// not exist are absent.
     pub counts: HashMap<Hash, (i64, bool)>,
@@ -48,7 +62,7 @@ pub(super) struct Step {
 /// order. Request ids are scoped to their domain.
 pub(super) fn plan(
     updates: &[RootRefChange<'_>],
-    earlier: &HashMap<(RefDomain, String), (Vec<u8>, i64)>,
+    earlier: &Requests,
     mut counts: HashMap<Hash, (i64, bool)>,
     mut balances: HashMap<(RefDomain, Hash), i64>,
 ) -> (Vec<Planned>, Vec<Step>) {

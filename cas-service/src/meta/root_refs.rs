@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
-use super::root_ref_plan::{Found, Planned, Step, plan};
+use super::root_ref_plan::{Found, Requests, Step, outcomes, plan};
 use super::{Dialect, Partition, Statement, Value, hb};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
@@ -115,14 +115,7 @@ impl Partition {
         } else {
             self.write_steps(updates, &steps, now).await? - accepted
         };
-        Ok(planned
-            .into_iter()
-            .map(|p| match p {
-                Planned::Done(o) => o,
-                Planned::Applied(k) => Ok((base + k, false)),
-                Planned::Replayed(k) => Ok((base + k, true)),
-            })
-            .collect())
+        Ok(outcomes(planned, base))
     }
 
     /// Writes the accepted steps in one round trip: the App's revision, the final counts, the
@@ -189,6 +182,23 @@ impl Partition {
             .iter()
             .flat_map(|u| u.changes.keys().copied())
             .collect();
+        self.find(updates, &hashes).await
+    }
+
+    /// The earlier requests among the updates' ids (the first part of the lookups alone).
+    pub(super) async fn earlier_requests(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+    ) -> Result<Requests, sqlx::Error> {
+        Ok(self.find(updates, &BTreeSet::new()).await?.requests)
+    }
+
+    /// The lookups of `updates` for the nodes `hashes` (none: the requests alone).
+    async fn find(
+        &mut self,
+        updates: &[RootRefChange<'_>],
+        hashes: &BTreeSet<Hash>,
+    ) -> Result<Found, sqlx::Error> {
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
         // One row of JSON for the whole batch: the driver's work is by row (a few
         // microseconds each, several times what the database spends finding it).
@@ -209,7 +219,7 @@ impl Partition {
             (self.app.as_str(), self.space.as_str()),
             &domains_of(updates),
             &ids,
-            &hashes,
+            hashes,
         );
         q.text(") AS l");
         let json: String = q
@@ -457,6 +467,9 @@ fn lookups_sql(
     .tuple(domains.iter().map(|d| text(d)))
     .text(" AND request_id IN ")
     .tuple(ids.iter().map(|id| text(id)));
+    if hashes.is_empty() {
+        return q;
+    }
     q.text(&format!(
         " UNION ALL SELECT {LOOKUP_NODE}, b.ref_domain, CAST(NULL AS TEXT), n.hash, \
          n.root_ref_count, n.collecting_since, b.ref_count FROM nodes n \
