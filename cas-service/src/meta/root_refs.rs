@@ -1,7 +1,7 @@
 //! Root references: the updates of a batch applied in two round trips to the database, one
 //! of lookups and one of writes (App-global revisions, counts, current balances, events,
 //! idempotency records). The batch is planned in `root_ref_plan`; reads are in
-//! `root_ref_reads`; a batch that only adds is written without its lookups
+//! `root_ref_reads`; on SQLite a batch that only adds is written without its lookups
 //! (`root_ref_adding`).
 //!
 //! Balances are kept per (Space, domain, hash); a node's `root_ref_count` is their sum over
@@ -48,9 +48,9 @@ pub struct RootRefChange<'a> {
 /// What became of one update: `(revision, idempotent)`, or why it was refused.
 pub type RootRefOutcome = Result<(i64, bool), RootRefRejection>;
 
-/// How many hashes the changes of one batch name at most: a statement of SQLite's writes
-/// binds at most five values a hash, Postgres's checked additions twelve and fourteen an
-/// update (52,096 in all), within what one statement binds (SQLite 32,766, Postgres 65,535).
+/// How many hashes the changes of one batch name at most: its writes bind at most seven values
+/// for each (a count and a balance) and fourteen for each of its at most 256 updates, 31,586 in
+/// all, within what one statement binds on both databases (SQLite 32,766, Postgres 65,535).
 pub const MAX_BATCH_HASHES: usize = 4000;
 
 impl Partition {
@@ -79,8 +79,8 @@ impl Partition {
 
     /// Applies (or replays) several updates in order, each with a revision of its own, in a
     /// few statements whatever their number (one that reads, one that writes: each a single
-    /// round trip to the database; a batch that only adds is written without being read, see
-    /// `root_ref_adding`): each is checked against the counts the ones before it
+    /// round trip to the database; on SQLite a batch that only adds is written without being
+    /// read, see `root_ref_adding`): each is checked against the counts the ones before it
     /// left, and one that is refused changes nothing and does not stop the others. The
     /// changes together name at most [`MAX_BATCH_HASHES`] hashes.
     pub async fn update_root_refs_many(
@@ -91,7 +91,9 @@ impl Partition {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(outcomes) = self.try_adding(updates, now).await? {
+        if self.dialect == Dialect::Sqlite
+            && let Some(outcomes) = self.try_adding(updates, now).await?
+        {
             return Ok(outcomes);
         }
         self.apply_read_first(updates, now).await
@@ -152,7 +154,7 @@ impl Partition {
             let rows = kept
                 .iter()
                 .map(|((domain, hash), count)| (*domain, hash, **count));
-            balance_rows(&mut w, (app, space), rows, false);
+            balance_rows(&mut w, (app, space), rows);
             w.text(
                 " ON CONFLICT (app_id, space_id, ref_domain, hash) \
                  DO UPDATE SET ref_count = excluded.ref_count",
@@ -212,8 +214,8 @@ impl Partition {
                  FROM ("
             }
         });
-        lookups_sql(
-            &mut q,
+        let mut q = lookups_sql(
+            q,
             (self.app.as_str(), self.space.as_str()),
             &domains_of(updates),
             &ids,
@@ -263,21 +265,14 @@ pub(super) fn revision_part(w: &mut Writes, app: &str, accepted: i64) {
 }
 
 /// Appends the next part: an insert of the balances `rows` of a partition, each a (domain,
-/// hash) and its count; the caller says what a conflict does. `gated` (Postgres): the rows
-/// are inserted only if the first part, `a`, returned its row.
+/// hash) and its count; the caller says what a conflict does.
 pub(super) fn balance_rows<'a>(
     w: &mut Writes,
     (app, space): (&str, &str),
     rows: impl Iterator<Item = (&'a RefDomain, &'a Hash, i64)>,
-    gated: bool,
 ) {
     let text = |s: &str| Value::Text(s.to_string());
-    w.next("INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) ");
-    w.text(if gated {
-        "SELECT * FROM (VALUES "
-    } else {
-        "VALUES "
-    });
+    w.next("INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) VALUES ");
     for (i, (domain, hash, count)) in rows.enumerate() {
         w.comma(i).tuple([
             text(app),
@@ -286,9 +281,6 @@ pub(super) fn balance_rows<'a>(
             Value::Bytes(hb(hash)),
             Value::Int(count),
         ]);
-    }
-    if gated {
-        w.text(") AS v WHERE EXISTS (SELECT 1 FROM a)");
     }
 }
 
@@ -391,26 +383,12 @@ impl Writes {
         }
     }
 
-    /// The name the later parts read the part begun last by (Postgres): `a`, `w1`, ….
-    pub(super) fn last_part(&self) -> String {
-        match self.parts {
-            0 | 1 => "a".to_string(),
-            n => format!("w{}", n - 1),
-        }
-    }
-
     /// The text and values of the whole.
-    pub(super) fn finish(self) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
-        self.finish_selecting("revision")
-    }
-
-    /// The text and values of the whole; on Postgres its one row is `columns` of `a`.
-    pub(super) fn finish_selecting(
+    pub(super) fn finish(
         mut self,
-        columns: &str,
     ) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
         if self.statement.dialect() == Dialect::Postgres {
-            self.statement.text(&format!(") SELECT {columns} FROM a"));
+            self.statement.text(") SELECT revision FROM a");
         }
         self.statement.query()
     }
@@ -469,13 +447,13 @@ const LOOKUP_NODE: i64 = 1;
 /// `ids`, then each node of `hashes` with its balance in each of `domains` that has one (a
 /// row a node, or one for each such domain: the driver's work is by row). Each part names the
 /// partition, the domains and the keys, and seeks its index by them.
-pub(super) fn lookups_sql(
-    q: &mut Statement,
+fn lookups_sql(
+    mut q: Statement,
     (app, space): (&str, &str),
     domains: &BTreeSet<&str>,
     ids: &BTreeSet<&str>,
     hashes: &BTreeSet<Hash>,
-) {
+) -> Statement {
     let text = |s: &str| Value::Text(s.to_string());
     q.text(&format!(
         "SELECT CAST({LOOKUP_REQUEST} AS BIGINT) AS kind, ref_domain, request_id, \
@@ -490,7 +468,7 @@ pub(super) fn lookups_sql(
     .text(" AND request_id IN ")
     .tuple(ids.iter().map(|id| text(id)));
     if hashes.is_empty() {
-        return;
+        return q;
     }
     q.text(&format!(
         " UNION ALL SELECT {LOOKUP_NODE}, b.ref_domain, CAST(NULL AS TEXT), n.hash, \
@@ -505,10 +483,11 @@ pub(super) fn lookups_sql(
     .value(text(space))
     .text(" AND n.hash IN ")
     .tuple(hashes.iter().map(|h| Value::Bytes(hb(h))));
+    q
 }
 
 /// The domains the updates belong to.
-pub(super) fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
+fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
     updates.iter().map(|u| u.domain.as_str()).collect()
 }
 
@@ -535,9 +514,8 @@ mod tests {
         let mut explain = Statement::new(Dialect::Sqlite);
         explain.text("EXPLAIN QUERY PLAN ");
         let hashes: BTreeSet<Hash> = (0..3u8).map(|i| Hash::digest(&[i])).collect();
-        let mut lookups = explain;
-        lookups_sql(
-            &mut lookups,
+        let lookups = lookups_sql(
+            explain,
             ("app", "space"),
             &["default", "other"].into(),
             &["a", "b", "c"].into(),
