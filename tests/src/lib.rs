@@ -28,7 +28,10 @@ mod process;
 pub mod sessions;
 
 pub use keys::{ALL_PERMISSIONS, TestApp, TestKey, UPSTREAM_TYP};
-pub use process::{Process, Server, proc_status_kib, proc_written_bytes, run_measuring_memory};
+pub use process::{
+    Process, Server, machine_cpu_ticks, named_cpu_ticks, proc_cpu_ticks, proc_status_kib,
+    proc_written_bytes, run_measuring_memory,
+};
 
 /// The metadata database of a test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

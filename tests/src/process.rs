@@ -166,6 +166,61 @@ pub fn proc_written_bytes(pid: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no wchar in /proc/{pid}/io"))
 }
 
+/// CPU time (user and system) a process has used so far, in the kernel's clock ticks (the unit
+/// of `/proc/stat`, so that shares of [`machine_cpu_ticks`] need no conversion).
+pub fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The name, in parentheses, may hold spaces: the fields that follow come after its last
+    // `)`, from the third (the state) on; user and system time are the 14th and 15th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(user), Some(system)) => Ok(user + system),
+        _ => bail!("no CPU times in /proc/{pid}/stat"),
+    }
+}
+
+/// CPU time used so far by every running process named `name` (`postgres`: a database
+/// server's backends and helpers), in clock ticks. One that exits between the listing and its
+/// reading is left out.
+pub fn named_cpu_ticks(name: &str) -> anyhow::Result<u64> {
+    let mut ticks = 0;
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let named = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == name);
+        if named && let Ok(t) = proc_cpu_ticks(pid) {
+            ticks += t;
+        }
+    }
+    Ok(ticks)
+}
+
+/// The machine's CPU time so far over all its cores, in clock ticks: `(busy, total, cores)`
+/// (idle and waiting for I/O are not busy).
+pub fn machine_cpu_ticks() -> anyhow::Result<(u64, u64, usize)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let all: Vec<u64> = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .context("no cpu line in /proc/stat")?
+        .split_whitespace()
+        .map(|v| v.parse().context("a CPU time in /proc/stat"))
+        .collect::<anyhow::Result<_>>()?;
+    let total: u64 = all.iter().take(8).sum();
+    let idle = all.get(3).copied().unwrap_or(0) + all.get(4).copied().unwrap_or(0);
+    let cores = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .count();
+    Ok((total.saturating_sub(idle), total, cores.max(1)))
+}
+
 /// A field of `/proc/PID/status`, in KiB (`VmHWM:` the peak resident memory, `VmRSS:` the
 /// current one).
 pub fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {

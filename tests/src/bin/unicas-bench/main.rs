@@ -13,6 +13,8 @@
 //! - root-ref updates per second, 10 changes each, measured in steady state (after a first
 //!   phase of the same load has filled the event history), and on SQLite the bytes the server
 //!   wrote per update (`wchar` of its `/proc/<pid>/io`: the write-ahead log and checkpoints);
+//!   for both this phase and the baseline, the CPU an operation cost the server, the database
+//!   server (Postgres) and the load generator, and how busy the machine was (`cpu`);
 //! - small-node (1 KiB) uploads per second (lease, PUT, lease), and nodes stored per second
 //!   by batch leases of 100 nodes carried inline (on SQLite with the bytes written per node);
 //! - GC deletions per second;
@@ -31,7 +33,9 @@ use cas_client::AppCasClient;
 use cas_format::{Hash, SpaceId};
 use tests::{Backend, Blobs, Db, TestEnv, leaf, space};
 
+mod cpu;
 mod tree;
+use cpu::CpuMark;
 use tree::{TreeShape, tree_bench};
 
 const CONCURRENCY: usize = 16;
@@ -140,6 +144,9 @@ struct Figures {
     extensions: f64,
     root_refs: f64,
     root_ref_commits: String,
+    /// Where the CPU went in the baseline's phase and in the root-ref updates'.
+    healthz_cpu: String,
+    root_ref_cpu: String,
     /// Bytes the server wrote per root-ref update (its database's log and checkpoints).
     root_ref_written: f64,
     uploads: f64,
@@ -169,6 +176,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     let http = reqwest::Client::new();
     let metrics = http.clone();
     let url = format!("{}/healthz", server.url);
+    let cpu = CpuMark::take(pid)?;
     f.healthz = throughput(move |_| {
         let (http, url) = (http.clone(), url.clone());
         async move {
@@ -177,6 +185,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         }
     })
     .await?;
+    f.healthz_cpu = CpuMark::take(pid)?.since(&cpu, f.healthz);
 
     // Ready nodes to renew and reference, uploaded with the 15-minute lease their client then
     // keeps renewing: the phase measures steady renewals, not each node's first extension
@@ -239,7 +248,9 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     analyze(&env).await?;
     let before = Commits::read(&metrics, &server.url).await?;
     let written = tests::proc_written_bytes(pid)?;
+    let cpu = CpuMark::take(pid)?;
     f.root_refs = root_ref_updates(&client, &sp, &ready, "bench").await?;
+    f.root_ref_cpu = CpuMark::take(pid)?.since(&cpu, f.root_refs);
     f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
     f.root_ref_written =
         (tests::proc_written_bytes(pid)? - written) as f64 / (f.root_refs * PHASE.as_secs_f64());
@@ -455,6 +466,7 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("backend {}", name(b)))?;
         println!("\n{}", name(b));
         println!("  {:<44} {:>9.0} /s", "baseline: GET /healthz", f.healthz);
+        println!("    {}", f.healthz_cpu);
         for (what, v) in [
             ("ready-lease renewals, 15 min claims", f.renewals),
             ("lease extensions that write (1 s to 24 h)", f.extensions),
@@ -471,6 +483,7 @@ async fn main() -> anyhow::Result<()> {
             );
             if what.starts_with("root-ref") {
                 println!("    {}", f.root_ref_commits);
+                println!("    {}", f.root_ref_cpu);
                 // On Postgres the database's writes are another process's.
                 if b.db == Db::Sqlite {
                     println!(
