@@ -6,18 +6,20 @@
 //! zero, which is not stored) is one whose write the statement can refuse row by row. So the
 //! batch's changes are summed per node and per (domain, node) and added in one round trip,
 //! inside a savepoint of its own, each row only where it stays valid, with the App's revision,
-//! the events and the request rows of every update that is not a replay; when every row was
-//! written, the batch is exactly what the full path would have written. When one was not, the
-//! savepoint is rolled back and the full path (`Partition::apply_read_first`) decides, so
-//! every outcome is the one the full path gives. A batch with a negative change goes to the
-//! full path at once.
+//! the events and the request rows, each request only if its id is new (one used before is a
+//! replay or a conflict, which the full path answers); when every row was written, the batch
+//! is exactly what the full path would have written. When one was not, the savepoint is
+//! rolled back and the full path (`Partition::apply_read_first`) decides, so every outcome is
+//! the one the full path gives. A batch with a negative change goes to the full path at once.
+//! Nothing is read first, not even the earlier requests: a retried request costs the round
+//! trip of the additions it undoes, and every other one saves the round trip of the read.
 
 use std::collections::{BTreeMap, HashMap};
 
 use cas_format::{Hash, RefDomain};
 use sqlx::Row;
 
-use super::root_ref_plan::{Planned, outcomes, plan};
+use super::root_ref_plan::{Planned, Requests, outcomes, plan};
 use super::root_refs::{
     MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection, Writes, balance_rows,
     event_parts, revision_part,
@@ -26,6 +28,15 @@ use super::{Partition, Value};
 
 /// The savepoint the additions are made in.
 const SAVEPOINT: &str = "unicas_root_refs";
+
+/// What the additions wrote: the App's new revision and how many node, balance and request
+/// rows.
+struct Written {
+    revision: i64,
+    nodes: i64,
+    balances: i64,
+    requests: i64,
+}
 
 impl Partition {
     /// Applies `updates` as additions when every change is positive and every row could be
@@ -39,15 +50,15 @@ impl Partition {
         if updates.iter().any(|u| u.changes.values().any(|d| *d <= 0)) {
             return Ok(None);
         }
-        let earlier = self.earlier_requests(updates).await?;
-        // Planned from nothing, every update that is not a replay is accepted (a sum past the
-        // limit aside, which the rows refuse as well): the outcomes, if every row is written.
+        // Planned from nothing, as if no id was used before, every update that is not a replay
+        // of one earlier in the batch is accepted (a sum past the limit aside, which the rows
+        // refuse as well): the outcomes, if every row is written.
         let counts = updates
             .iter()
             .flat_map(|u| u.changes.keys())
             .map(|h| (*h, (0, true)))
             .collect();
-        let (planned, steps) = plan(updates, &earlier, counts, HashMap::new());
+        let (planned, steps) = plan(updates, &Requests::new(), counts, HashMap::new());
         let order: Vec<usize> = steps.iter().map(|s| s.update).collect();
         let refused = planned.iter().any(
             |p| matches!(p, Planned::Done(Err(r)) if *r != RootRefRejection::IdempotencyConflict),
@@ -63,25 +74,27 @@ impl Partition {
                 *by_balance.entry((updates[i].domain, *hash)).or_default() += delta;
             }
         }
-        let (revision, nodes, balances) =
-            match self.add(updates, &order, &by_node, &by_balance, now).await {
-                Ok(written) => written,
-                // The full path decides (and meets the failure again if it lasts), unless the
-                // savepoint is gone with the transaction.
-                Err(e) => return self.roll_back().await.map(|()| None).map_err(|_| e),
-            };
-        if nodes != by_node.len() as i64 || balances != by_balance.len() as i64 {
+        let written = match self.add(updates, &order, &by_node, &by_balance, now).await {
+            Ok(written) => written,
+            // The full path decides (and meets the failure again if it lasts), unless the
+            // savepoint is gone with the transaction.
+            Err(e) => return self.roll_back().await.map(|()| None).map_err(|_| e),
+        };
+        if written.nodes != by_node.len() as i64
+            || written.balances != by_balance.len() as i64
+            || written.requests != order.len() as i64
+        {
             return self.roll_back().await.map(|()| None);
         }
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("RELEASE {SAVEPOINT}")))
             .execute(&mut **self.tx())
             .await?;
-        Ok(Some(outcomes(planned, revision - order.len() as i64)))
+        Ok(Some(outcomes(planned, written.revision - order.len() as i64)))
     }
 
     /// Opens the savepoint and adds the batch's sums where each row stays valid, with the
-    /// App's revision, the events and the requests; returns the App's new revision and how
-    /// many node and balance rows were written.
+    /// App's revision, the events and the requests whose ids are new; returns the App's new
+    /// revision and how many rows were written.
     async fn add(
         &mut self,
         updates: &[RootRefChange<'_>],
@@ -89,7 +102,7 @@ impl Partition {
         by_node: &BTreeMap<Hash, i64>,
         by_balance: &BTreeMap<(&RefDomain, Hash), i64>,
         now: i64,
-    ) -> Result<(i64, i64, i64), sqlx::Error> {
+    ) -> Result<Written, sqlx::Error> {
         let (app, space) = (self.app.as_str(), self.space.as_str());
         let mut q = self.statement();
         q.text(&format!("SAVEPOINT {SAVEPOINT}; "));
@@ -121,10 +134,16 @@ impl Partition {
              SELECT changes() AS balances_written"
         ));
         event_parts(&mut w, (app, space), updates, order, now);
+        // The request rows' part ends the text; `WHERE true` keeps SQLite from reading the
+        // upsert's `ON` as a join's.
+        w.text(
+            " WHERE true ON CONFLICT (app_id, space_id, ref_domain, request_id) DO NOTHING; \
+             SELECT changes() AS requests_written",
+        );
         // All rows: on SQLite a query that stops at its first row leaves the later
         // statements unrun.
         let rows = w.finish().fetch_all(&mut **self.tx()).await?;
-        let (mut revision, mut nodes, mut balances) = (None, None, None);
+        let (mut revision, mut nodes, mut balances, mut requests) = (None, None, None, None);
         for r in &rows {
             if let Ok(n) = r.try_get::<i64, _>("revision") {
                 revision = Some(n);
@@ -132,10 +151,17 @@ impl Partition {
                 nodes = Some(n);
             } else if let Ok(n) = r.try_get::<i64, _>("balances_written") {
                 balances = Some(n);
+            } else if let Ok(n) = r.try_get::<i64, _>("requests_written") {
+                requests = Some(n);
             }
         }
-        match (revision, nodes, balances) {
-            (Some(r), Some(n), Some(b)) => Ok((r, n, b)),
+        match (revision, nodes, balances, requests) {
+            (Some(revision), Some(nodes), Some(balances), Some(requests)) => Ok(Written {
+                revision,
+                nodes,
+                balances,
+                requests,
+            }),
             _ => Err(sqlx::Error::Protocol(
                 "the additions of a root-ref batch did not report their rows".into(),
             )),

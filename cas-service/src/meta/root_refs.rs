@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
-use super::root_ref_plan::{Found, Requests, Step, outcomes, plan};
+use super::root_ref_plan::{Found, Step, outcomes, plan};
 use super::{Dialect, Partition, Statement, Value, hb};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
@@ -185,15 +185,7 @@ impl Partition {
         self.find(updates, &hashes).await
     }
 
-    /// The earlier requests among the updates' ids (the first part of the lookups alone).
-    pub(super) async fn earlier_requests(
-        &mut self,
-        updates: &[RootRefChange<'_>],
-    ) -> Result<Requests, sqlx::Error> {
-        Ok(self.find(updates, &BTreeSet::new()).await?.requests)
-    }
-
-    /// The lookups of `updates` for the nodes `hashes` (none: the requests alone).
+    /// The lookups of `updates` for the nodes `hashes`.
     async fn find(
         &mut self,
         updates: &[RootRefChange<'_>],
