@@ -89,7 +89,10 @@ impl Partition {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("RELEASE {SAVEPOINT}")))
             .execute(&mut **self.tx())
             .await?;
-        Ok(Some(outcomes(planned, written.revision - order.len() as i64)))
+        Ok(Some(outcomes(
+            planned,
+            written.revision - order.len() as i64,
+        )))
     }
 
     /// Opens the savepoint and adds the batch's sums where each row stays valid, with the

@@ -182,15 +182,6 @@ impl Partition {
             .iter()
             .flat_map(|u| u.changes.keys().copied())
             .collect();
-        self.find(updates, &hashes).await
-    }
-
-    /// The lookups of `updates` for the nodes `hashes`.
-    async fn find(
-        &mut self,
-        updates: &[RootRefChange<'_>],
-        hashes: &BTreeSet<Hash>,
-    ) -> Result<Found, sqlx::Error> {
         let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
         // One row of JSON for the whole batch: the driver's work is by row (a few
         // microseconds each, several times what the database spends finding it).
@@ -211,7 +202,7 @@ impl Partition {
             (self.app.as_str(), self.space.as_str()),
             &domains_of(updates),
             &ids,
-            hashes,
+            &hashes,
         );
         q.text(") AS l");
         let json: String = q
