@@ -275,6 +275,9 @@ impl Service {
                 let _permit = self.in_memory_permit().await?;
                 match self.delta_base(app, space, &g.hash, size, hint).await? {
                     None if !compress => None,
+                    // Content that its sample says does not compress is written as it is,
+                    // without being read whole.
+                    None if !hold && !self.spool_worth_compressing(&spool, size).await? => None,
                     base => {
                         let content = read_spool(&spool, size).await?;
                         Some(self.encode_content(content, base).await?)
@@ -301,7 +304,7 @@ impl Service {
             }
             self.put(&key, spool, stored.stored_bytes as u64).await?;
             return Ok(stored);
-        } else if compress {
+        } else if compress && self.spool_worth_compressing(&spool, size).await? {
             let compressed = self.compress(&spool).await?;
             let len = compressed
                 .file()
@@ -379,6 +382,20 @@ impl Service {
             .put_file(key, file, len)
             .await
             .map_err(|e| ApiError::blob("writing an object", e))
+    }
+
+    /// Whether the `size` bytes of content in `spool` are worth compressing, from a sample
+    /// read alone ([`crate::compressibility`]).
+    async fn spool_worth_compressing(&self, spool: &SpoolFile, size: u64) -> ApiResult<bool> {
+        let spooled = |e| ApiError::internal("reading a spool file", e);
+        let file = spool.handle().map_err(spooled)?;
+        let level = self.config.compress_level;
+        tokio::task::spawn_blocking(move || {
+            crate::compressibility::file_worth_compressing(&file, size, level)
+        })
+        .await
+        .map_err(|e| ApiError::internal("reading a spool file", e))?
+        .map_err(spooled)
     }
 
     async fn compress(&self, spool: &SpoolFile) -> ApiResult<SpoolFile> {

@@ -558,6 +558,36 @@ async fn compression_at_rest(b: Backend) -> anyhow::Result<()> {
         );
     }
     assert_eq!(&client.read_node(&sp, &n).await?[..], &noise[..]);
+    // Larger content is compressed only when a sample spread over it compresses: text is,
+    // noise is stored as it is, whether it is encoded in memory (up to 4 MiB) or streamed.
+    let mut stored = client.usage(&sp).await?.ready_stored_bytes;
+    for (len, compressible) in [
+        (1usize << 20, true),
+        (1 << 20, false),
+        (5 << 20, true),
+        (5 << 20, false),
+    ] {
+        let content: Vec<u8> = match compressible {
+            true => (0..len)
+                .map(|i| b"the quick brown fox jumps over the lazy dog\n"[i % 44])
+                .collect(),
+            false => {
+                let mut noise = vec![0u8; len];
+                rand::RngCore::fill_bytes(&mut rand::rng(), &mut noise);
+                noise
+            }
+        };
+        let (h, bytes) = leaf(&content);
+        client.ensure_node(&sp, &h, &bytes, LEASE).await?;
+        let now = client.usage(&sp).await?.ready_stored_bytes;
+        let grew = (now - stored) as usize;
+        stored = now;
+        match compressible {
+            true => assert!(grew < len / 2, "{len} bytes of text stored as {grew}"),
+            false => assert_eq!(grew, len, "{len} bytes of noise stored as {grew}"),
+        }
+        assert_eq!(&client.read_node(&sp, &h).await?[..], &content[..]);
+    }
     // fsck reads every object back through decompression and checks its hash.
     env.assert_consistent("hub")?;
     Ok(())

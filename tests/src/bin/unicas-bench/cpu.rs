@@ -31,8 +31,9 @@ impl CpuMark {
     }
 
     /// What was spent between `before` and `self` on each of `rate` operations a second, as
-    /// one line.
-    pub fn since(&self, before: &CpuMark, rate: f64) -> String {
+    /// one line naming the operation and the role of this process (the load generator, the
+    /// client).
+    pub fn since(&self, before: &CpuMark, rate: f64, operation: &str, bench: &str) -> String {
         let seconds = self.at.duration_since(before.at).as_secs_f64();
         let total = self.total.saturating_sub(before.total) as f64;
         // `/proc/stat` counts every core's ticks: its total over the wall time is the rate.
@@ -42,7 +43,7 @@ impl CpuMark {
             after.saturating_sub(before) as f64 / ticks_per_second / operations * 1e3
         };
         format!(
-            "CPU an operation: server {:.3} ms, database server {:.3} ms, load generator {:.3} ms; \
+            "CPU of {operation}: server {:.3} ms, database server {:.3} ms, {bench} {:.3} ms; \
              the machine {:.0}% busy ({} cores)",
             ms(self.server, before.server),
             ms(self.database, before.database),

@@ -185,7 +185,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         }
     })
     .await?;
-    f.healthz_cpu = CpuMark::take(pid)?.since(&cpu, f.healthz);
+    f.healthz_cpu = CpuMark::take(pid)?.since(&cpu, f.healthz, "an operation", "load generator");
 
     // Ready nodes to renew and reference, uploaded with the 15-minute lease their client then
     // keeps renewing: the phase measures steady renewals, not each node's first extension
@@ -250,7 +250,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     let written = tests::proc_written_bytes(pid)?;
     let cpu = CpuMark::take(pid)?;
     f.root_refs = root_ref_updates(&client, &sp, &ready, "bench").await?;
-    f.root_ref_cpu = CpuMark::take(pid)?.since(&cpu, f.root_refs);
+    f.root_ref_cpu = CpuMark::take(pid)?.since(&cpu, f.root_refs, "an operation", "load generator");
     f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
     f.root_ref_written =
         (tests::proc_written_bytes(pid)? - written) as f64 / (f.root_refs * PHASE.as_secs_f64());

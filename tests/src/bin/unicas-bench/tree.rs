@@ -5,6 +5,7 @@ use std::time::Instant;
 use anyhow::Context;
 use tests::{Backend, TestEnv, space};
 
+use crate::cpu::CpuMark;
 use crate::name;
 
 /// The trees of the tree benchmark.
@@ -21,6 +22,8 @@ const COPIES: usize = 3;
 
 /// Tree put and get of a tree, beside a durable copy (`cp -r` then `sync`, the fastest of
 /// [`COPIES`]) of the same tree in the same run; the source is synced before anything is timed.
+/// The put's line is followed by the CPU it cost the server and the client (this process, which
+/// plans and uploads), and how busy the machine was: on few cores the two share them.
 pub async fn tree_bench(b: Backend, shape: TreeShape) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app("bench")?;
@@ -84,9 +87,11 @@ pub async fn tree_bench(b: Backend, shape: TreeShape) -> anyhow::Result<()> {
         anyhow::ensure!(std::process::Command::new("sync").status()?.success());
         cp = cp.min(t.elapsed().as_secs_f64());
     }
+    let cpu = CpuMark::take(server.pid())?;
     let t = Instant::now();
     let (root, report, _) = client.store_tree(&sp, &src, 900_000, 8, None).await?;
     let put = t.elapsed().as_secs_f64();
+    let put_cpu = CpuMark::take(server.pid())?.since(&cpu, 1.0 / put, "the put", "client");
     let t = Instant::now();
     let (again, second, _) = client.store_tree(&sp, &src, 900_000, 8, None).await?;
     let put_again = t.elapsed().as_secs_f64();
@@ -108,16 +113,19 @@ pub async fn tree_bench(b: Backend, shape: TreeShape) -> anyhow::Result<()> {
         cp,
         mb / cp
     );
-    for (what, s) in [
-        ("tree put (everything uploaded)", put),
-        ("tree put again (nothing uploaded)", put_again),
-        ("tree get", get),
+    for (what, s, cpu) in [
+        ("tree put (everything uploaded)", put, Some(&put_cpu)),
+        ("tree put again (nothing uploaded)", put_again, None),
+        ("tree get", get, None),
     ] {
         println!(
             "  {what:<44} {s:>8.2} s  {:>7.0} MB/s  {:.2}x the durable copy",
             mb / s,
             s / cp
         );
+        if let Some(cpu) = cpu {
+            println!("    {cpu}");
+        }
     }
     Ok(())
 }
