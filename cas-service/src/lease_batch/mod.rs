@@ -25,7 +25,7 @@ use crate::Service;
 use crate::error::{ApiError, ApiResult};
 use crate::lease::check_lease_duration;
 use crate::materialize::MaterializeError;
-use crate::meta::{Evidence, GenState, Partition};
+use crate::meta::{GenState, Partition};
 use inline::Inline;
 
 /// Elements of one batch in flight at once.
@@ -199,9 +199,10 @@ impl Service {
             .collect()
     }
 
-    /// Validates an element's inline bytes in memory. An element without them, or whose bytes
-    /// are not a valid node, is leased one by one (which answers with the rejection, as for an
-    /// upload).
+    /// Validates an element's inline bytes in memory, on a blocking thread (decoding and
+    /// hashing a batch's elements is most of its CPU, which is then spread over the cores). An
+    /// element without them, or whose bytes are not a valid node, is leased one by one (which
+    /// answers with the rejection, as for an upload).
     async fn check_inline(&self, index: usize, mut e: BatchLeaseElement) -> Checked {
         if let Err(err) = check_lease_duration(e.lease_duration_ms) {
             return Checked::Refused(index, err);
@@ -209,43 +210,35 @@ impl Service {
         let Some(content) = e.content.take() else {
             return Checked::Single(index, e);
         };
-        // The validation hashes the bytes; bytes that do not hash to the element's hash are
-        // refused by the one-by-one path, as any invalid node is.
-        let bytes = match decode_inline(&content) {
-            Ok(bytes) => bytes,
-            Err(err) => return Checked::Refused(index, err),
+        let Ok(_permit) = self.validations.acquire().await else {
+            return Checked::Refused(index, ApiError::unavailable("shutting down"));
         };
-        drop(content);
-        match self.validate_inline(&e, &bytes).await {
-            Ok(Some((evidence, canonical_len))) => Checked::Inline(Inline {
+        let (svc, hash) = (self.clone(), e.hash);
+        // The validation hashes the bytes; bytes that do not hash to the element's hash are
+        // refused by the one-by-one path, as any invalid node is. Nothing is spooled yet: the
+        // bytes are in memory, and are written once it is known that the node is new.
+        let checked = tokio::task::spawn_blocking(move || {
+            let bytes = decode_inline(&content)?;
+            drop(content);
+            let found = svc.validate_bytes(&bytes, &hash);
+            Ok::<_, ApiError>((bytes, found))
+        })
+        .await;
+        match checked {
+            Err(join) => Checked::Refused(index, ApiError::internal("validating a node", join)),
+            Ok(Err(err)) | Ok(Ok((_, Err(MaterializeError::Failed(err))))) => {
+                Checked::Refused(index, err)
+            }
+            Ok(Ok((bytes, Ok((evidence, canonical_len))))) => Checked::Inline(Inline {
                 index,
                 element: e,
                 bytes,
                 evidence,
                 canonical_len,
             }),
-            Ok(None) => Checked::Single(index, with_content(e, &bytes)),
-            Err(err) => Checked::Refused(index, err),
-        }
-    }
-
-    /// The evidence of valid inline bytes; `None` if they are not a valid node.
-    async fn validate_inline(
-        &self,
-        e: &BatchLeaseElement,
-        bytes: &Bytes,
-    ) -> ApiResult<Option<(Evidence, u64)>> {
-        let _permit = self
-            .validations
-            .acquire()
-            .await
-            .map_err(|_| ApiError::unavailable("shutting down"))?;
-        // Nothing is spooled yet: the bytes are in memory, and are written once it is known
-        // that the node is new.
-        match self.validate_bytes(bytes, &e.hash) {
-            Ok(found) => Ok(Some(found)),
-            Err(MaterializeError::Failed(e)) => Err(e),
-            Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded) => Ok(None),
+            Ok(Ok((bytes, Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded)))) => {
+                Checked::Single(index, with_content(e, &bytes))
+            }
         }
     }
 
