@@ -524,9 +524,11 @@ async fn compression_at_rest(b: Backend) -> anyhow::Result<()> {
     let server = env.start()?;
     let client = app.client(&server);
     let sp = space("s");
-    let text: Vec<u8> = (0..200_000u32)
-        .map(|i| b"the quick brown fox jumps over the lazy dog\n"[(i % 44) as usize])
-        .collect();
+    let text_of = |len: usize| -> Vec<u8> {
+        let line = b"the quick brown fox jumps over the lazy dog\n";
+        (0..len).map(|i| line[i % line.len()]).collect()
+    };
+    let text = text_of(200_000);
     let (h, bytes) = leaf(&text);
     client.ensure_node(&sp, &h, &bytes, LEASE).await?;
     // Incompressible and small nodes stay as they are.
@@ -561,22 +563,14 @@ async fn compression_at_rest(b: Backend) -> anyhow::Result<()> {
     // Larger content is compressed only when a sample spread over it compresses: text is,
     // noise is stored as it is, whether it is encoded in memory (up to 4 MiB) or streamed.
     let mut stored = client.usage(&sp).await?.ready_stored_bytes;
-    for (len, compressible) in [
-        (1usize << 20, true),
-        (1 << 20, false),
-        (5 << 20, true),
-        (5 << 20, false),
-    ] {
-        let content: Vec<u8> = match compressible {
-            true => (0..len)
-                .map(|i| b"the quick brown fox jumps over the lazy dog\n"[i % 44])
-                .collect(),
-            false => {
-                let mut noise = vec![0u8; len];
-                rand::RngCore::fill_bytes(&mut rand::rng(), &mut noise);
-                noise
-            }
-        };
+    for (len, compressible) in [1usize << 20, 5 << 20]
+        .map(|l| [(l, true), (l, false)])
+        .concat()
+    {
+        let mut content = text_of(len);
+        if !compressible {
+            rand::RngCore::fill_bytes(&mut rand::rng(), &mut content);
+        }
         let (h, bytes) = leaf(&content);
         client.ensure_node(&sp, &h, &bytes, LEASE).await?;
         let now = client.usage(&sp).await?.ready_stored_bytes;
