@@ -193,14 +193,16 @@ pub(crate) fn integrity(detail: String) -> ApiError {
     ApiError::internal("reading a node", detail)
 }
 
-/// `content` compressed alone at `level` (unless a sample says it does not compress), and
-/// with `base` as its dictionary; either is `None` where zstd refused or was not tried.
+/// `content` compressed alone at `level` (unless a sample says it does not compress; not
+/// taken again when one `sampled` it already), and with `base` as its dictionary; either is
+/// `None` where zstd refused or was not tried.
 fn encode_both(
     content: &[u8],
     base: Option<&[u8]>,
     level: i32,
+    sampled: bool,
 ) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
-    let alone = crate::compressibility::worth_compressing(content, level)
+    let alone = (sampled || crate::compressibility::worth_compressing(content, level))
         .then(|| zstd::bulk::compress(content, level).ok())
         .flatten();
     let delta = base.and_then(|base| {
@@ -228,11 +230,13 @@ fn decode_delta(frame: &[u8], base: &[u8], size: usize) -> std::io::Result<Vec<u
 impl Service {
     /// Chooses how to store a node's own `content` (at most [`IN_MEMORY_MAX`] bytes): as a
     /// delta against `base` (content, and the stored form of the base's row), compressed
-    /// alone, or as it is. Answers the object's bytes and what the row records.
+    /// alone, or as it is (`sampled`: a sample of it compressed already, see
+    /// [`crate::compressibility`]). Answers the object's bytes and what the row records.
     pub(crate) async fn encode_content(
         &self,
         content: Bytes,
         base: Option<(Bytes, DeltaBase)>,
+        sampled: bool,
     ) -> ApiResult<(Bytes, StoredObject)> {
         let size = content.len() as u64;
         let min = self.config.compress_min_bytes;
@@ -244,7 +248,7 @@ impl Service {
         let input = content.clone();
         let base_content = base.as_ref().map(|(c, _)| c.clone());
         let (alone, delta) = tokio::task::spawn_blocking(move || {
-            encode_both(&input, base_content.as_deref(), level)
+            encode_both(&input, base_content.as_deref(), level, sampled)
         })
         .await
         .map_err(|e| ApiError::internal("encoding an object", e))?;
@@ -527,7 +531,7 @@ mod tests {
         let base = text(1, 20_000);
         let mut next = base.clone();
         next[10_000..10_010].copy_from_slice(b"0123456789");
-        let (alone, delta) = encode_both(&next, Some(&base), 3);
+        let (alone, delta) = encode_both(&next, Some(&base), 3, false);
         let (alone, delta) = (alone.unwrap(), delta.unwrap());
         assert!(
             delta.len() * 20 < alone.len(),

@@ -165,7 +165,7 @@ impl Service {
                 };
             }
         };
-        let (bytes, stored) = self.encode_content(content, None).await?;
+        let (bytes, stored) = self.encode_content(content, None, false).await?;
         let object_gen = ulid::Ulid::generate().to_string();
         let key = node_key(app, space, &row.hash, &object_gen);
         self.put_bytes(&key, bytes).await?;

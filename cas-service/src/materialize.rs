@@ -280,7 +280,10 @@ impl Service {
                     None if !hold && !self.spool_worth_compressing(&spool, size).await? => None,
                     base => {
                         let content = read_spool(&spool, size).await?;
-                        Some(self.encode_content(content, base).await?)
+                        // Without a base, the sample above said the content compresses, or
+                        // it is held in its row: either way it is tried whole.
+                        let sampled = base.is_none();
+                        Some(self.encode_content(content, base, sampled).await?)
                     }
                 }
             };
@@ -342,7 +345,7 @@ impl Service {
         let (bytes, stored) = if (min > 0 && size >= min) || hint.is_some() {
             let _permit = self.in_memory_permit().await?;
             let base = self.delta_base(app, space, &g.hash, size, hint).await?;
-            self.encode_content(own, base).await?
+            self.encode_content(own, base, false).await?
         } else {
             (own, identity(size))
         };
