@@ -4,9 +4,9 @@
 //!    branch, a missing one has its distinct children leased in the next round (so every child
 //!    is leased before its new parent, as in the node-by-node walk).
 //! 2. *Store*, bottom-up in waves (a node's wave comes after all of its children's): the small
-//!    nodes of a wave travel inline in batch leases, which validate and publish them; a node
-//!    whose bytes the service already holds is leased again in a batch; the large ones go
-//!    through the node-by-node path (lease, PUT, lease).
+//!    nodes of a wave travel inline in batch leases (raw, in the binary body), which validate
+//!    and publish them; a node whose bytes the service already holds is leased again in a
+//!    batch; the large ones go through the node-by-node path (lease, PUT, lease).
 //!
 //! Whatever a batch does not settle is left to the node-by-node walk that follows.
 //!
@@ -17,7 +17,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use base64::Engine;
 use cas_format::Hash;
 use cas_format::wire::{
     BatchLeaseElement, BatchLeaseResult, LeaseResponse, MAX_BATCH_LEASES, MAX_INLINE_NODE_BYTES,
@@ -29,11 +28,11 @@ use futures_util::{StreamExt, TryStreamExt};
 use crate::dag::{Uploader, portable_bytes};
 use crate::error::ClientError;
 
-/// Raw bytes of inline content one request carries at most (its base64 is a third more).
+/// Bytes of inline nodes one request carries at most (raw, after the request's JSON).
 const INLINE_BYTES_PER_REQUEST: u64 = 4 << 20;
 
 /// Inline batch requests in flight at once (each holds at most
-/// [`INLINE_BYTES_PER_REQUEST`] of content, twice over while it is encoded).
+/// [`INLINE_BYTES_PER_REQUEST`] of nodes, twice over while its body is built).
 const INLINE_REQUESTS_IN_FLIGHT: usize = 2;
 
 /// `items` in groups of at most [`MAX_BATCH_LEASES`] items and [`INLINE_BYTES_PER_REQUEST`]
@@ -70,15 +69,13 @@ struct Missing {
 }
 
 impl Uploader<'_> {
-    /// Leases `elements` in requests of at most [`MAX_BATCH_LEASES`] elements and
-    /// [`INLINE_BYTES_PER_REQUEST`] of inline content, a few at a time; results in order.
+    /// Leases `elements` (without inline nodes) in requests of at most [`MAX_BATCH_LEASES`]
+    /// elements, a few at a time; results in order.
     async fn lease_elements(
         &self,
         elements: Vec<BatchLeaseElement>,
     ) -> Result<Vec<BatchLeaseResult>, ClientError> {
-        let requests = groups(elements, |e| {
-            e.content.as_ref().map_or(0, |c| c.len() as u64 * 3 / 4)
-        });
+        let requests = groups(elements, |_| 0);
         let answers = try_join_all(requests.into_iter().map(|r| async move {
             let _permit = self
                 .calls
@@ -91,12 +88,13 @@ impl Uploader<'_> {
         Ok(answers.into_iter().flatten().collect())
     }
 
-    fn element(&self, hash: Hash, content: Option<String>) -> BatchLeaseElement {
+    fn element(&self, hash: Hash) -> BatchLeaseElement {
         BatchLeaseElement {
             hash,
             lease_duration_ms: self.lease_ms,
             upload_bytes: self.plan.nodes.get(&hash).map(|n| n.portable_len),
-            content,
+            content: None,
+            content_bytes: None,
             delta_base: self.plan.delta_base(&hash),
         }
     }
@@ -113,17 +111,16 @@ impl Uploader<'_> {
                 continue;
             };
             let bytes = portable_bytes(h, &node.source).await?;
-            let content = base64::engine::general_purpose::STANDARD.encode(&bytes);
-            elements.push(self.element(*h, Some(content)));
+            elements.push((self.element(*h), Some(bytes)));
         }
-        let sent: Vec<Hash> = elements.iter().map(|e| e.hash).collect();
+        let sent: Vec<Hash> = elements.iter().map(|(e, _)| e.hash).collect();
         let results = {
             let _permit = self
                 .calls
                 .acquire()
                 .await
                 .map_err(|_| ClientError::Cancelled)?;
-            self.client.lease_batch(self.space, elements).await?
+            self.client.lease_batch_raw(self.space, elements).await?
         };
         for (h, r) in sent.iter().zip(results) {
             if matches!(r, BatchLeaseResult::Lease(LeaseResponse::Ready { .. })) {
@@ -153,7 +150,7 @@ impl Uploader<'_> {
         let mut seen: HashSet<Hash> = root_set.clone();
         let mut frontier: Vec<Hash> = seen.iter().copied().collect();
         while !frontier.is_empty() {
-            let elements = frontier.iter().map(|h| self.element(*h, None)).collect();
+            let elements = frontier.iter().map(|h| self.element(*h)).collect();
             let results = self.lease_elements(elements).await?;
             let mut next = Vec::new();
             for (hash, r) in frontier.iter().zip(results) {
@@ -241,10 +238,7 @@ impl Uploader<'_> {
                 None => again.push(h),
             }
         }
-        let elements = uploaded
-            .iter()
-            .map(|(h, _)| self.element(*h, None))
-            .collect();
+        let elements = uploaded.iter().map(|(h, _)| self.element(*h)).collect();
         let results = self.lease_elements(elements).await?;
         for ((h, len), r) in uploaded.into_iter().zip(results) {
             if matches!(r, BatchLeaseResult::Lease(LeaseResponse::Ready { .. })) {
@@ -301,7 +295,7 @@ impl Uploader<'_> {
             let inline_groups = groups(inline, |h| {
                 self.plan.nodes.get(h).map_or(0, |n| n.portable_len)
             });
-            let validated_elements = validated.iter().map(|h| self.element(*h, None)).collect();
+            let validated_elements = validated.iter().map(|h| self.element(*h)).collect();
             let (_, _, results) = tokio::try_join!(
                 self.store_large(large, roots),
                 futures_util::stream::iter(inline_groups)
@@ -342,20 +336,18 @@ impl crate::client::AppCasClient {
         nodes: &[(Hash, bytes::Bytes)],
         lease_ms: u64,
     ) -> Result<Vec<u64>, ClientError> {
-        let element = |h: Hash, content: Option<String>, len: usize| BatchLeaseElement {
+        let element = |h: Hash, len: usize| BatchLeaseElement {
             hash: h,
             lease_duration_ms: lease_ms,
             upload_bytes: Some(len as u64),
-            content,
+            content: None,
+            content_bytes: None,
             delta_base: None,
         };
         let first = self
             .lease_batch(
                 space,
-                nodes
-                    .iter()
-                    .map(|(h, b)| element(*h, None, b.len()))
-                    .collect(),
+                nodes.iter().map(|(h, b)| element(*h, b.len())).collect(),
             )
             .await?;
         let missing: Vec<usize> = first
@@ -372,11 +364,10 @@ impl crate::client::AppCasClient {
             .iter()
             .map(|&i| {
                 let (h, b) = &nodes[i];
-                let content = base64::engine::general_purpose::STANDARD.encode(b);
-                element(*h, Some(content), b.len())
+                (element(*h, b.len()), Some(b.clone()))
             })
             .collect();
-        let second = self.lease_batch(space, elements).await?;
+        let second = self.lease_batch_raw(space, elements).await?;
         for (&i, r) in missing.iter().zip(second) {
             let hash = nodes[i].0;
             match r {

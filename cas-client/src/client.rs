@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cas_format::wire::{
-    BatchLeaseElement, BatchLeaseRequest, BatchLeaseResponse, BatchLeaseResult, ErrorBody,
-    GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadataResponse, RefChanges,
-    RootRefPage, RootRefUpdate, RootRefUpdateResponse, UploadTarget, Usage,
+    BATCH_LEASE_BINARY, BatchLeaseElement, BatchLeaseRequest, BatchLeaseResponse, BatchLeaseResult,
+    ErrorBody, GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadataResponse,
+    RefChanges, RootRefPage, RootRefUpdate, RootRefUpdateResponse, UploadTarget, Usage, batch_body,
 };
 use cas_format::{AppId, Hash, RequestId, SpaceId};
 use futures_util::{Stream, StreamExt};
@@ -105,7 +105,8 @@ struct Call<'a> {
     space: &'a SpaceId,
     permissions: &'static [&'static str],
     query: &'a [(&'static str, String)],
-    body: Option<Vec<u8>>,
+    /// The body and its media type (a clone of `Bytes` per attempt copies nothing).
+    body: Option<(Bytes, &'static str)>,
     headers: &'a [(reqwest::header::HeaderName, String)],
 }
 
@@ -132,8 +133,12 @@ impl<'a> Call<'a> {
         self
     }
 
-    fn body(mut self, body: Vec<u8>) -> Self {
-        self.body = Some(body);
+    fn body(self, body: Vec<u8>) -> Self {
+        self.typed_body(body, "application/json")
+    }
+
+    fn typed_body(mut self, body: Vec<u8>, media_type: &'static str) -> Self {
+        self.body = Some((Bytes::from(body), media_type));
         self
     }
 
@@ -322,9 +327,9 @@ impl AppCasClient {
         for (k, v) in call.headers {
             req = req.header(k, v);
         }
-        if let Some(body) = &call.body {
+        if let Some((body, media_type)) = &call.body {
             req = req
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header(reqwest::header::CONTENT_TYPE, *media_type)
                 .body(body.clone());
         }
         let resp = req.send().await?;
@@ -508,9 +513,47 @@ impl AppCasClient {
         let n = leases.len();
         let body = serde_json::to_vec(&BatchLeaseRequest { leases })
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        let answer: BatchLeaseResponse = self
-            .json(Call::new(Method::POST, "/v1/cas/leases", space, perm::LEASE).body(body))
-            .await?;
+        self.lease_batch_body(space, n, body, "application/json")
+            .await
+    }
+
+    /// Leases a batch whose inline nodes travel as raw bytes (the binary body): each element
+    /// with a node carries it (and names its length); results in order.
+    pub async fn lease_batch_raw(
+        &self,
+        space: &SpaceId,
+        leases: Vec<(BatchLeaseElement, Option<Bytes>)>,
+    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
+        let mut elements = Vec::with_capacity(leases.len());
+        let mut nodes = Vec::new();
+        for (mut e, node) in leases {
+            if let Some(node) = node {
+                e.content = None;
+                e.content_bytes = Some(node.len() as u64);
+                nodes.push(node);
+            }
+            elements.push(e);
+        }
+        let n = elements.len();
+        let json = serde_json::to_vec(&BatchLeaseRequest { leases: elements })
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let body = batch_body(&json, nodes.iter().map(|n| &n[..]))
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        self.lease_batch_body(space, n, body, BATCH_LEASE_BINARY)
+            .await
+    }
+
+    /// Sends a batch lease body of `n` elements; its `n` results, in order.
+    async fn lease_batch_body(
+        &self,
+        space: &SpaceId,
+        n: usize,
+        body: Vec<u8>,
+        media_type: &'static str,
+    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
+        let call = Call::new(Method::POST, "/v1/cas/leases", space, perm::LEASE)
+            .typed_body(body, media_type);
+        let answer: BatchLeaseResponse = self.json(call).await?;
         if answer.results.len() != n {
             return Err(ClientError::Protocol(format!(
                 "a batch of {n} leases was answered with {} results",

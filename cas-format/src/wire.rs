@@ -47,6 +47,9 @@ pub const MAX_BATCH_LEASES: usize = 1000;
 pub const MAX_INLINE_NODE_BYTES: u64 = 256 * 1024;
 /// Largest body of one batch lease request.
 pub const MAX_BATCH_LEASE_BODY: u64 = 16 << 20;
+/// Media type of a batch lease body whose inline nodes travel as raw bytes: see
+/// [`batch_body`].
+pub const BATCH_LEASE_BINARY: &str = "application/vnd.unicas.leases";
 
 /// The error body of every non-2xx answer: a stable code and a safe message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +152,9 @@ impl LeaseResponse {
 
 /// One element of `POST /v1/cas/leases`: the single lease's body plus the node's hash, its
 /// optional declared size, and, for a node of at most [`MAX_INLINE_NODE_BYTES`], optionally
-/// the portable node itself (standard base64), validated and published by this very lease.
+/// the portable node itself, validated and published by this very lease: in a JSON body as
+/// `content` (standard base64), in a binary body ([`BATCH_LEASE_BINARY`]) as `contentBytes`
+/// raw bytes after the JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -161,9 +166,13 @@ pub struct BatchLeaseElement {
     /// The size of the portable node the client would upload (chooses the upload target).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_bytes: Option<u64>,
-    /// The portable node, standard base64, at most 256 KiB decoded.
+    /// The portable node, standard base64, at most 256 KiB decoded (JSON bodies only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// In a binary body only: the length of the portable node this element carries among the
+    /// bytes after the JSON (the elements' nodes follow it back to back, in order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_bytes: Option<u64>,
     /// As in the single lease: an advisory base for storing the node as a delta.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
@@ -176,6 +185,53 @@ pub struct BatchLeaseElement {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BatchLeaseRequest {
     pub leases: Vec<BatchLeaseElement>,
+}
+
+/// A binary batch lease body ([`BATCH_LEASE_BINARY`]): the JSON request (`json`, a
+/// [`BatchLeaseRequest`] whose elements name their `contentBytes`) after its length as four
+/// bytes, big-endian, then the elements' portable nodes back to back, in element order. Inline
+/// nodes then travel without base64 or JSON escaping, each byte copied once.
+pub fn batch_body<'a>(
+    json: &[u8],
+    nodes: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Vec<u8>, BatchBodyError> {
+    let said = u32::try_from(json.len()).map_err(|_| BatchBodyError::JsonTooLong(json.len()))?;
+    let nodes: Vec<&[u8]> = nodes.into_iter().collect();
+    let len = 4 + json.len() + nodes.iter().map(|n| n.len()).sum::<usize>();
+    let mut body = Vec::with_capacity(len);
+    body.extend_from_slice(&said.to_be_bytes());
+    body.extend_from_slice(json);
+    for n in nodes {
+        body.extend_from_slice(n);
+    }
+    Ok(body)
+}
+
+/// Why a binary batch lease body cannot be split.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchBodyError {
+    #[error("a binary batch body starts with its JSON's length in four bytes; it has {0} bytes")]
+    NoLength(usize),
+    #[error("the JSON of a binary batch body is said to be {said} bytes; {left} follow")]
+    ShortJson { said: u64, left: usize },
+    #[error("a JSON of {0} bytes is too long for a binary batch body")]
+    JsonTooLong(usize),
+}
+
+/// Splits a binary batch lease body into its JSON and the bytes after it (the nodes); the
+/// lengths the JSON names are the caller's to check against the second part.
+pub fn split_batch_body(body: &[u8]) -> Result<(&[u8], &[u8]), BatchBodyError> {
+    let Some((len, rest)) = body.split_first_chunk::<4>() else {
+        return Err(BatchBodyError::NoLength(body.len()));
+    };
+    let said = u32::from_be_bytes(*len) as u64;
+    if said > rest.len() as u64 {
+        return Err(BatchBodyError::ShortJson {
+            said,
+            left: rest.len(),
+        });
+    }
+    Ok(rest.split_at(said as usize))
 }
 
 /// One answer of a batch lease: the single lease's answer, or this element's own error.
@@ -368,6 +424,37 @@ mod tests {
         assert_eq!(j["state"], "validated_awaiting_children");
         assert_eq!(j["childHashes"][0], h.to_string());
         assert_eq!(serde_json::from_value::<LeaseResponse>(j).unwrap(), v);
+    }
+
+    #[test]
+    fn binary_batch_bodies_split_as_they_were_joined() {
+        let json = br#"{"leases":[]}"#;
+        let body = batch_body(json, [&b"ab"[..], b"", b"cde"]).unwrap();
+        assert_eq!(&body[..4], &[0, 0, 0, 13]);
+        assert_eq!(split_batch_body(&body), Ok((&json[..], &b"abcde"[..])));
+        // Nothing after the JSON, or nothing but the length.
+        let bare = batch_body(b"", []).unwrap();
+        assert_eq!(split_batch_body(&bare), Ok((&b""[..], &b""[..])));
+        for short in [&b""[..], b"\0", b"\0\0\0"] {
+            assert_eq!(
+                split_batch_body(short),
+                Err(BatchBodyError::NoLength(short.len()))
+            );
+        }
+        // A length past the end, up to the largest four bytes can say.
+        assert_eq!(
+            split_batch_body(&body[..body.len() - 6]),
+            Err(BatchBodyError::ShortJson { said: 13, left: 12 })
+        );
+        let mut huge = body.clone();
+        huge[..4].copy_from_slice(&[0xff; 4]);
+        assert_eq!(
+            split_batch_body(&huge),
+            Err(BatchBodyError::ShortJson {
+                said: u32::MAX as u64,
+                left: 18
+            })
+        );
     }
 
     #[test]

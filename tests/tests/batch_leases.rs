@@ -19,6 +19,7 @@ fn inline(hash: Hash, portable: &[u8]) -> BatchLeaseElement {
         lease_duration_ms: LEASE,
         upload_bytes: None,
         content: Some(b64(portable)),
+        content_bytes: None,
         delta_base: None,
     }
 }
@@ -29,6 +30,7 @@ fn plain(hash: Hash, upload_bytes: Option<u64>) -> BatchLeaseElement {
         lease_duration_ms: LEASE,
         upload_bytes,
         content: None,
+        content_bytes: None,
         delta_base: None,
     }
 }
@@ -299,6 +301,30 @@ async fn an_unwritten_inline_node_is_stored_again(b: Backend) -> anyhow::Result<
 /// Every kind of bad element in one batch beside good ones: each bad one gets its own error,
 /// the good ones are stored, and nothing of the bad ones is.
 async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
+    bad_elements(b, false).await
+}
+
+/// As [`one_bad_element_fails_alone`], the nodes raw in a binary body (where base64 has no
+/// place: that is refused whole, below).
+async fn one_bad_element_fails_alone_in_a_binary_body(b: Backend) -> anyhow::Result<()> {
+    bad_elements(b, true).await
+}
+
+/// Elements of the JSON form as the binary form carries them.
+fn raw(elements: Vec<BatchLeaseElement>) -> Vec<(BatchLeaseElement, Option<bytes::Bytes>)> {
+    elements
+        .into_iter()
+        .map(|mut e| {
+            let node = e.content.take().map(|c| {
+                let decoded = base64::engine::general_purpose::STANDARD.decode(c);
+                bytes::Bytes::from(decoded.expect("the test's own base64"))
+            });
+            (e, node)
+        })
+        .collect()
+}
+
+async fn bad_elements(b: Backend, binary: bool) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app("hub")?;
     let server = env.start()?;
@@ -311,38 +337,37 @@ async fn one_bad_element_fails_alone(b: Backend) -> anyhow::Result<()> {
     let (later, _) = leaf(b"uploaded the usual way");
     let mut bad_base64 = inline(other, b"x");
     bad_base64.content = Some("not base64!".into());
-    let results = client
-        .lease_batch(
-            &sp,
-            vec![
-                inline(good1, &good1_b),
-                inline(other, &good2_b), // content of another hash
-                bad_base64,
-                inline(big, &big_b),         // over 256 KiB inline
-                plain(later, Some(1 << 40)), // declares more than a node may hold
-                plain(later, Some(30)),
-                inline(good2, &good2_b),
-            ],
-        )
-        .await?;
+    let mut elements = vec![
+        inline(good1, &good1_b),
+        inline(other, &good2_b), // content of another hash
+        bad_base64,
+        inline(big, &big_b),         // over 256 KiB inline
+        plain(later, Some(1 << 40)), // declares more than a node may hold
+        plain(later, Some(30)),
+        inline(good2, &good2_b),
+    ];
+    let mut expected = vec![
+        "ready",
+        "NODE_DIGEST_MISMATCH",
+        "INVALID_REQUEST",
+        "PAYLOAD_TOO_LARGE",
+        "PAYLOAD_TOO_LARGE",
+        "awaiting_upload",
+        "ready",
+    ];
+    let results = if binary {
+        elements.remove(2);
+        expected.remove(2);
+        client.lease_batch_raw(&sp, raw(elements)).await?
+    } else {
+        client.lease_batch(&sp, elements).await?
+    };
     let code = |r: &BatchLeaseResult| match r {
         BatchLeaseResult::Error(e) => e.error.clone(),
         BatchLeaseResult::Lease(l) => l.state().to_string(),
     };
     let codes: Vec<String> = results.iter().map(code).collect();
-    assert_eq!(
-        codes,
-        [
-            "ready",
-            "NODE_DIGEST_MISMATCH",
-            "INVALID_REQUEST",
-            "PAYLOAD_TOO_LARGE",
-            "PAYLOAD_TOO_LARGE",
-            "awaiting_upload",
-            "ready",
-        ],
-        "{results:?}"
-    );
+    assert_eq!(codes, expected, "{results:?}");
     let usage = client.usage(&sp).await?;
     assert_eq!(usage.node_count, 2, "only the good nodes are stored");
     assert!(client.read_node(&sp, &other).await.is_err());
@@ -422,11 +447,133 @@ async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A binary body whose framing does not hold (its JSON's length, the lengths its elements
+/// name against the bytes that follow, base64 where raw bytes belong) is refused whole with a
+/// 400 that says why, and stores nothing; the same elements framed right are stored.
+async fn binary_bodies_whose_lengths_lie_are_refused_whole(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let sp = space("s");
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/cas/leases", server.url);
+    let lease = app.token(&sp, &["cas:nodes:lease"]);
+    let post = |media_type: &'static str, body: Vec<u8>| {
+        http.post(&url)
+            .query(&[("appId", "hub"), ("spaceId", "s")])
+            .bearer_auth(&lease)
+            .header("content-type", media_type)
+            .body(body)
+            .send()
+    };
+    const BINARY: &str = cas_format::wire::BATCH_LEASE_BINARY;
+    let (h1, n1) = leaf(b"first node");
+    let (h2, n2) = leaf(b"second node, longer");
+    let element = |h: Hash, content_bytes: Value| json!({"hash": h.to_string(), "leaseDurationMs": LEASE, "contentBytes": content_bytes});
+    let framed = |leases: Vec<Value>, tail: &[u8]| {
+        let json = serde_json::to_vec(&json!({ "leases": leases })).expect("JSON");
+        let mut body = (json.len() as u32).to_be_bytes().to_vec();
+        body.extend_from_slice(&json);
+        body.extend_from_slice(tail);
+        body
+    };
+    let both: Vec<u8> = [&n1[..], &n2[..]].concat();
+    let (l1, l2) = (n1.len() as u64, n2.len() as u64);
+    let named = |a: u64, b: u64| vec![element(h1, json!(a)), element(h2, json!(b))];
+    let mut said_too_long = framed(named(l1, l2), &both);
+    said_too_long[..4].copy_from_slice(&1000u32.to_be_bytes());
+    let mut with_base64 = element(h1, Value::Null);
+    with_base64["content"] = json!(b64(&n1));
+    let cases: Vec<(&str, Vec<u8>, String)> = vec![
+        (BINARY, vec![0, 0], "starts with its JSON's length".into()),
+        (BINARY, said_too_long, "is said to be 1000 bytes".into()),
+        (
+            BINARY,
+            framed(named(l1, l2), &both[1..]),
+            format!(
+                "element 1 names {l2} bytes of content where {} are left",
+                l2 - 1
+            ),
+        ),
+        (
+            BINARY,
+            framed(named(l1, l2), &[&both[..], b"!"].concat()),
+            format!(
+                "{} bytes follow the JSON of the body, but its elements name",
+                l1 + l2 + 1
+            ),
+        ),
+        (
+            BINARY,
+            framed(named(l1, u64::MAX), &both),
+            format!("names {} bytes", u64::MAX),
+        ),
+        (
+            BINARY,
+            framed(vec![with_base64], &n1),
+            "base64 content in a binary body".into(),
+        ),
+        (
+            BINARY,
+            framed(named(l1, 1).split_off(1), b"x"),
+            String::new(),
+        ),
+        (
+            "application/json",
+            serde_json::to_vec(&json!({"leases": named(l1, l2)}))?,
+            "only a body of type".into(),
+        ),
+        (
+            BINARY,
+            [&3u32.to_be_bytes()[..], b"{le"].concat(),
+            "invalid JSON body".into(),
+        ),
+        (
+            BINARY,
+            framed(named(l1, 0), &both),
+            "but its elements name".into(),
+        ),
+    ];
+    for (i, (media_type, body, says)) in cases.into_iter().enumerate() {
+        let r = post(media_type, body).await?;
+        let status = r.status();
+        let v: Value = r.json().await?;
+        if says.is_empty() {
+            // Framed right: an element whose bytes are not its node fails alone.
+            assert_eq!(status, 200, "case {i}: {v}");
+            assert_eq!(
+                v["results"][0]["error"], "NODE_DIGEST_MISMATCH",
+                "case {i}: {v}"
+            );
+            continue;
+        }
+        assert_eq!(status, 400, "case {i}: {v}");
+        assert_eq!(v["error"], "INVALID_REQUEST", "case {i}: {v}");
+        let message = v["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&says), "case {i}: {message}");
+    }
+    let client = app.client(&server);
+    assert_eq!(client.usage(&sp).await?.node_count, 0, "nothing was stored");
+    let r = post(BINARY, framed(named(l1, l2), &both)).await?;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await?;
+    assert_eq!(v["results"][0]["state"], "ready", "{v}");
+    assert_eq!(v["results"][1]["state"], "ready", "{v}");
+    assert_eq!(
+        &client.read_node(&sp, &h2).await?[..],
+        b"second node, longer"
+    );
+    assert_eq!(client.usage(&sp).await?.node_count, 2);
+    Ok(())
+}
+
 e2e!(
     small_nodes_in_one_request,
     a_tree_in_one_group,
     leased_first_then_inline,
     an_unwritten_inline_node_is_stored_again,
     one_bad_element_fails_alone,
+    one_bad_element_fails_alone_in_a_binary_body,
+    binary_bodies_whose_lengths_lie_are_refused_whole,
     whole_batches_are_refused_clearly,
 );

@@ -354,6 +354,7 @@ async fn upload_limit(b: Backend) -> anyhow::Result<()> {
         lease_duration_ms: SHORT,
         upload_bytes: None,
         content,
+        content_bytes: None,
         delta_base: None,
     };
     let sorted_codes = |results: &[BatchLeaseResult]| {

@@ -250,6 +250,7 @@ async fn a_killed_server_loses_no_answered_write(b: Backend) -> anyhow::Result<(
                                     &base64::engine::general_purpose::STANDARD,
                                     bytes,
                                 )),
+                                content_bytes: None,
                                 delta_base: None,
                             })
                             .collect();

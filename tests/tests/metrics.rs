@@ -40,6 +40,7 @@ async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
                 &base64::engine::general_purpose::STANDARD,
                 p,
             )),
+            content_bytes: None,
             delta_base: None,
         })
         .collect();

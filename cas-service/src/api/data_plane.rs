@@ -10,7 +10,7 @@ use cas_format::wire::{
     BatchLeaseRequest, BatchLeaseResponse, ErrorBody, GC_DEFAULT_NODES, GC_MAX_NODES, GcRequest,
     GcResponse, LeaseRequest, LeaseResponse, MAX_BATCH_LEASE_BODY, NodeMetadata,
     NodeMetadataResponse, NodeState, ROOT_REFS_DEFAULT_LIMIT, ROOT_REFS_MAX_LIMIT, RootRefPage,
-    RootRefUpdate, RootRefUpdateResponse, Usage,
+    RootRefUpdate, RootRefUpdateResponse, Usage, split_batch_body,
 };
 use cas_format::{AppId, SpaceId};
 use serde::Deserialize;
@@ -20,6 +20,7 @@ use utoipa::IntoParams;
 use super::extract::{HashPath, JsonLimit, Q, bounded_bytes, parse_json};
 use crate::auth::{Capability, permission};
 use crate::error::{ApiError, ApiResult};
+use crate::lease_batch;
 use crate::read::ReadError;
 use crate::upload::UploadQuery;
 use crate::{Service, now_ms};
@@ -258,13 +259,22 @@ pub async fn lease(
 
 /// Leases up to 1,000 nodes in one request. Each element is the single lease's body plus its
 /// `hash` (and optionally `uploadBytes`); a node of at most 256 KiB may carry its portable
-/// bytes inline (`content`, standard base64), and is then validated and published by this
-/// request. `results` holds, in order, each element's lease answer or its own error
-/// (`{"error", "message"}`): one bad element fails alone. The body may be at most 16 MiB.
+/// bytes inline, and is then validated and published by this request. `results` holds, in
+/// order, each element's lease answer or its own error (`{"error", "message"}`): one bad
+/// element fails alone. The body may be at most 16 MiB.
+///
+/// Inline nodes travel as `content` (standard base64) in a JSON body, or raw in a body of type
+/// `application/vnd.unicas.leases`: the JSON's length as four bytes (big-endian), the JSON,
+/// whose inline elements name `contentBytes` instead of `content`, then those elements' nodes
+/// back to back in element order. A binary body whose lengths do not add up to exactly the
+/// bytes after its JSON is refused whole (400).
 #[utoipa::path(
     post, path = "/v1/cas/leases", tag = "nodes",
     params(PartitionQuery),
-    request_body = BatchLeaseRequest,
+    request_body(content(
+        (BatchLeaseRequest = "application/json"),
+        (Vec<u8> = "application/vnd.unicas.leases"),
+    )),
     responses(
         (status = 200, description = "One result per element, in order", body = BatchLeaseResponse),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -282,10 +292,19 @@ pub async fn lease_batch(
 ) -> ApiResult<Json<BatchLeaseResponse>> {
     svc.authorize(&headers, &q.app_id, &q.space_id, permission::NODES_LEASE)
         .await?;
-    let req: BatchLeaseRequest =
-        parse_json(&bounded_bytes(body, MAX_BATCH_LEASE_BODY as usize).await?)?;
-    crate::lease_batch::check_batch(&req.leases)?;
-    let results = svc.lease_batch(&q.app_id, &q.space_id, req.leases).await;
+    let body = bounded_bytes(body, MAX_BATCH_LEASE_BODY as usize).await?;
+    let elements = if lease_batch::is_binary(&headers) {
+        let (json, nodes) =
+            split_batch_body(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+        let req: BatchLeaseRequest = parse_json(json)?;
+        lease_batch::check_batch(&req.leases)?;
+        lease_batch::binary_elements(req.leases, body.slice_ref(nodes))?
+    } else {
+        let req: BatchLeaseRequest = parse_json(&body)?;
+        lease_batch::check_batch(&req.leases)?;
+        lease_batch::json_elements(req.leases)?
+    };
+    let results = svc.lease_batch(&q.app_id, &q.space_id, elements).await;
     Ok(Json(BatchLeaseResponse { results }))
 }
 

@@ -11,7 +11,7 @@ use cas_format::wire::{BatchLeaseElement, LeaseResponse, MAX_INLINE_NODE_BYTES};
 use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
-use super::{Answers, ELEMENT_CONCURRENCY, with_content};
+use super::{Answers, ELEMENT_CONCURRENCY, Single};
 use crate::error::{ApiError, ApiResult};
 use crate::lease::{lease_window, upload_limit};
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Publication, StoredObject};
@@ -36,8 +36,8 @@ pub(super) struct Inline {
 
 impl Inline {
     /// The element as it came, for the one-by-one path.
-    fn back_to_single(self) -> (usize, BatchLeaseElement) {
-        (self.index, with_content(self.element, &self.bytes))
+    fn back_to_single(self) -> Single {
+        (self.index, self.element, Some(self.bytes))
     }
 }
 
@@ -57,22 +57,21 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         mut inline: Vec<Inline>,
-    ) -> (Answers, Vec<(usize, BatchLeaseElement)>) {
+    ) -> (Answers, Vec<Single>) {
         let mut groups = Vec::new();
         while !inline.is_empty() {
             let rest = inline.split_off(inline.len().min(INLINE_GROUP));
             groups.push(std::mem::replace(&mut inline, rest));
         }
-        let published: Vec<(Answers, Vec<(usize, BatchLeaseElement)>)> =
-            futures_util::stream::iter(groups)
-                .map(|group| async move {
-                    let mut fallback = Vec::new();
-                    let answers = self.publish_inline(app, space, group, &mut fallback).await;
-                    (answers, fallback)
-                })
-                .buffer_unordered(INLINE_GROUPS_AT_ONCE)
-                .collect()
-                .await;
+        let published: Vec<(Answers, Vec<Single>)> = futures_util::stream::iter(groups)
+            .map(|group| async move {
+                let mut fallback = Vec::new();
+                let answers = self.publish_inline(app, space, group, &mut fallback).await;
+                (answers, fallback)
+            })
+            .buffer_unordered(INLINE_GROUPS_AT_ONCE)
+            .collect()
+            .await;
         let mut answers = Vec::new();
         let mut one_by_one = Vec::new();
         for (a, fallback) in published {
@@ -89,7 +88,7 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         inline: Vec<Inline>,
-        one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
+        one_by_one: &mut Vec<Single>,
     ) -> Answers {
         if inline.is_empty() {
             return Vec::new();
@@ -173,7 +172,7 @@ impl Service {
         space: &SpaceId,
         inline: Vec<Inline>,
         answers: &mut Answers,
-        one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
+        one_by_one: &mut Vec<Single>,
     ) -> ApiResult<Vec<Staged>> {
         let now = now_ms();
         let mut p = self.meta.gate(app, space).await?;
@@ -298,7 +297,7 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         written: Vec<Staged>,
-        one_by_one: &mut Vec<(usize, BatchLeaseElement)>,
+        one_by_one: &mut Vec<Single>,
     ) -> Result<(Answers, Vec<Staged>), (Vec<usize>, ApiError)> {
         let indices: Vec<usize> = written.iter().map(|s| s.node.index).collect();
         let failed = |e: ApiError| (indices.clone(), e);

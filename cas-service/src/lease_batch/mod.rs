@@ -8,6 +8,7 @@
 //! generation retired meanwhile) is leased one by one, concurrently; those partition
 //! operations meet in the metadata store's batch commits ([`server_kit::group_commit`]).
 
+mod body;
 mod inline;
 mod plain;
 
@@ -26,6 +27,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::lease::check_lease_duration;
 use crate::materialize::MaterializeError;
 use crate::meta::{GenState, Partition};
+pub use body::{Content, Element, binary_elements, is_binary, json_elements};
 use inline::Inline;
 
 /// Elements of one batch in flight at once.
@@ -46,32 +48,25 @@ pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
     Ok(())
 }
 
-/// The inline bytes of an element, checked against its size limit and its hash.
-fn inline_bytes(hash: &Hash, content: &str) -> ApiResult<Bytes> {
-    let bytes = decode_inline(content)?;
-    if Hash::digest(&bytes) != *hash {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NODE_DIGEST_MISMATCH",
-            "the inline content does not hash to the element's hash",
-        ));
-    }
-    Ok(bytes)
-}
-
 /// The inline bytes of an element, checked against its size limit only.
-fn decode_inline(content: &str) -> ApiResult<Bytes> {
-    // Base64 of the limit is a third longer: refuse more before decoding.
-    if content.len() as u64 > (MAX_INLINE_NODE_BYTES.div_ceil(3)) * 4 {
-        return Err(inline_too_large());
-    }
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(content)
-        .map_err(|_| ApiError::invalid("content is not standard base64"))?;
+fn decode_inline(content: Content) -> ApiResult<Bytes> {
+    let bytes = match content {
+        Content::Raw(bytes) => bytes,
+        Content::Base64(text) => {
+            // Base64 of the limit is a third longer: refuse more before decoding.
+            if text.len() as u64 > (MAX_INLINE_NODE_BYTES.div_ceil(3)) * 4 {
+                return Err(inline_too_large());
+            }
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|_| ApiError::invalid("content is not standard base64"))?;
+            Bytes::from(bytes)
+        }
+    };
     if bytes.len() as u64 > MAX_INLINE_NODE_BYTES {
         return Err(inline_too_large());
     }
-    Ok(Bytes::from(bytes))
+    Ok(bytes)
 }
 
 fn inline_too_large() -> ApiError {
@@ -82,16 +77,13 @@ fn inline_too_large() -> ApiError {
     )
 }
 
-/// An element with its inline bytes encoded again.
-fn with_content(mut e: BatchLeaseElement, bytes: &[u8]) -> BatchLeaseElement {
-    e.content = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
-    e
-}
+/// An element for the one-by-one path: its index, its lease and its inline bytes, decoded.
+pub(super) type Single = (usize, BatchLeaseElement, Option<Bytes>);
 
 /// What the first look at an element found.
 enum Checked {
     Inline(Inline),
-    Single(usize, BatchLeaseElement),
+    Single(Single),
     Refused(usize, ApiError),
 }
 
@@ -143,7 +135,7 @@ impl Service {
         &self,
         app: &AppId,
         space: &SpaceId,
-        elements: Vec<BatchLeaseElement>,
+        elements: Vec<Element>,
     ) -> Vec<BatchLeaseResult> {
         let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
         // Validate inline bytes first, concurrently; then publish the inline nodes and answer
@@ -159,9 +151,9 @@ impl Service {
         for checked in checked {
             match checked {
                 Checked::Inline(node) => inline.push(node),
-                Checked::Single(index, e) if e.content.is_none() => plain.push((index, e)),
+                Checked::Single((index, e, None)) => plain.push((index, e)),
                 Checked::Refused(index, e) => results[index] = Some(error_result(e)),
-                Checked::Single(index, e) => one_by_one.push((index, e)),
+                Checked::Single(single) => one_by_one.push(single),
             }
         }
         let (mut answers, fallback) = self.publish_all_inline(app, space, inline).await;
@@ -170,7 +162,7 @@ impl Service {
         match self.lease_plain(app, space, plain).await {
             Ok((plain_answers, fallback)) => {
                 answers.extend(plain_answers);
-                one_by_one.extend(fallback);
+                one_by_one.extend(fallback.into_iter().map(|(i, e)| (i, e, None)));
             }
             Err(e) => answers.extend(plain_indices.into_iter().map(|i| (i, Err(e.clone())))),
         }
@@ -181,8 +173,8 @@ impl Service {
             });
         }
         let singles: Vec<(usize, BatchLeaseResult)> = futures_util::stream::iter(one_by_one)
-            .map(|(index, e)| async move {
-                match self.lease_element(app, space, e).await {
+            .map(|(index, e, bytes)| async move {
+                match self.lease_element(app, space, e, bytes).await {
                     Ok(r) => (index, BatchLeaseResult::Lease(r)),
                     Err(e) => (index, error_result(e)),
                 }
@@ -203,12 +195,13 @@ impl Service {
     /// hashing a batch's elements is most of its CPU, which is then spread over the cores). An
     /// element without them, or whose bytes are not a valid node, is leased one by one (which
     /// answers with the rejection, as for an upload).
-    async fn check_inline(&self, index: usize, mut e: BatchLeaseElement) -> Checked {
+    async fn check_inline(&self, index: usize, element: Element) -> Checked {
+        let Element { lease: e, content } = element;
         if let Err(err) = check_lease_duration(e.lease_duration_ms) {
             return Checked::Refused(index, err);
         }
-        let Some(content) = e.content.take() else {
-            return Checked::Single(index, e);
+        let Some(content) = content else {
+            return Checked::Single((index, e, None));
         };
         let Ok(_permit) = self.validations.acquire().await else {
             return Checked::Refused(index, ApiError::unavailable("shutting down"));
@@ -218,8 +211,7 @@ impl Service {
         // refused by the one-by-one path, as any invalid node is. Nothing is spooled yet: the
         // bytes are in memory, and are written once it is known that the node is new.
         let checked = tokio::task::spawn_blocking(move || {
-            let bytes = decode_inline(&content)?;
-            drop(content);
+            let bytes = decode_inline(content)?;
             let found = svc.validate_bytes(&bytes, &hash);
             Ok::<_, ApiError>((bytes, found))
         })
@@ -237,7 +229,7 @@ impl Service {
                 canonical_len,
             }),
             Ok(Ok((bytes, Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded)))) => {
-                Checked::Single(index, with_content(e, &bytes))
+                Checked::Single((index, e, Some(bytes)))
             }
         }
     }
@@ -247,8 +239,9 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         e: BatchLeaseElement,
+        bytes: Option<Bytes>,
     ) -> ApiResult<LeaseResponse> {
-        let Some(content) = e.content else {
+        let Some(bytes) = bytes else {
             return self
                 .lease(
                     app,
@@ -260,8 +253,13 @@ impl Service {
                 )
                 .await;
         };
-        let bytes = inline_bytes(&e.hash, &content)?;
-        drop(content);
+        if Hash::digest(&bytes) != e.hash {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "NODE_DIGEST_MISMATCH",
+                "the inline content does not hash to the element's hash",
+            ));
+        }
         let len = Some(bytes.len() as u64);
         match self
             .lease(app, space, &e.hash, e.lease_duration_ms, len, e.delta_base)

@@ -281,19 +281,18 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
                             content[..8].copy_from_slice(&(i * BATCH as u64 + k).to_le_bytes());
                             content[8] = 0xBA;
                             let (hash, bytes) = leaf(&content);
-                            cas_format::wire::BatchLeaseElement {
+                            let element = cas_format::wire::BatchLeaseElement {
                                 hash,
                                 lease_duration_ms: 1000,
                                 upload_bytes: None,
-                                content: Some(base64::Engine::encode(
-                                    &base64::engine::general_purpose::STANDARD,
-                                    &bytes,
-                                )),
+                                content: None,
+                                content_bytes: None,
                                 delta_base: None,
-                            }
+                            };
+                            (element, Some(bytes))
                         })
                         .collect();
-                    let results = client.lease_batch(&sp, elements).await?;
+                    let results = client.lease_batch_raw(&sp, elements).await?;
                     anyhow::ensure!(results.iter().all(|r| matches!(
                         r,
                         cas_format::wire::BatchLeaseResult::Lease(
