@@ -1,28 +1,59 @@
-//! Whether a node's content is worth compressing at all: content larger than
-//! [`SAMPLED_ABOVE`] is compressed only when a sample spread over it compresses, so that
+//! Whether a node's content is worth compressing at all, and compressing it: content larger
+//! than [`SAMPLED_ABOVE`] is compressed only when a sample spread over it compresses, so that
 //! content that does not (already compressed media and archives, encrypted or random bytes)
-//! costs a sample's compression, not its whole size's.
+//! costs a sample's compression (an eighth of it, at most [`PIECES`] × [`MAX_PIECE`]), not
+//! its whole size's. Compression contexts are kept for reuse: setting one up costs about as
+//! much as compressing a small node.
+
+use std::sync::Mutex;
 
 /// Content up to this size is simply compressed (a sample would cost about as much).
-const SAMPLED_ABOVE: usize = 256 << 10;
+const SAMPLED_ABOVE: usize = 64 << 10;
 /// Pieces of the sample, spread evenly over the content.
 const PIECES: usize = 8;
-/// Bytes of each piece.
-const PIECE: usize = 16 << 10;
+/// Most bytes of each piece: a sample is an eighth of its content, up to eight of these.
+const MAX_PIECE: usize = 16 << 10;
+/// Compression contexts kept for reuse, at most (each holds its tables, a few MiB at most).
+const KEPT_CONTEXTS: usize = 8;
 
 /// Where the sample of content `len` bytes long lies: [`PIECES`] ranges spread evenly over
-/// it; `None` when such content is simply compressed.
+/// it, together an eighth of it (at most [`MAX_PIECE`] each); `None` when such content is
+/// simply compressed.
 fn sample_ranges(len: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
     (len > SAMPLED_ABOVE).then(|| {
         let step = len / PIECES;
-        (0..PIECES).map(move |k| k * step..(k * step + PIECE).min(len))
+        let piece = (step / PIECES).min(MAX_PIECE);
+        (0..PIECES).map(move |k| k * step..(k * step + piece).min(len))
     })
+}
+
+/// Compression contexts not in use, with their levels.
+static CONTEXTS: Mutex<Vec<(i32, zstd::bulk::Compressor<'static>)>> = Mutex::new(Vec::new());
+
+/// `bytes` compressed alone at `level`, as `zstd::bulk::compress` would, in a context kept
+/// from an earlier call when one is free.
+pub(crate) fn compress(bytes: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    let kept = {
+        let mut free = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        let at = free.iter().position(|(l, _)| *l == level);
+        at.map(|at| free.swap_remove(at).1)
+    };
+    let mut context = match kept {
+        Some(c) => c,
+        None => zstd::bulk::Compressor::new(level)?,
+    };
+    let compressed = context.compress(bytes);
+    let mut free = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if compressed.is_ok() && free.len() < KEPT_CONTEXTS {
+        free.push((level, context));
+    }
+    compressed
 }
 
 /// Whether `sample` shrinks by at least a sixteenth at `level` (compression is kept only when
 /// the whole shrinks by an eighth).
 fn sample_compresses(sample: &[u8], level: i32) -> bool {
-    match zstd::bulk::compress(sample, level) {
+    match compress(sample, level) {
         Ok(c) => c.len() < sample.len() - sample.len() / 16,
         // Let the real attempt decide.
         Err(_) => true,
@@ -34,7 +65,7 @@ pub(crate) fn worth_compressing(content: &[u8], level: i32) -> bool {
     let Some(ranges) = sample_ranges(content.len()) else {
         return true;
     };
-    let mut sample = Vec::with_capacity(PIECES * PIECE);
+    let mut sample = Vec::with_capacity(PIECES * MAX_PIECE);
     for r in ranges {
         sample.extend_from_slice(&content[r]);
     }
@@ -52,7 +83,7 @@ pub(crate) fn file_worth_compressing(
     let Some(ranges) = usize::try_from(len).ok().and_then(sample_ranges) else {
         return Ok(true);
     };
-    let mut sample = Vec::with_capacity(PIECES * PIECE);
+    let mut sample = Vec::with_capacity(PIECES * MAX_PIECE);
     for r in ranges {
         let at = sample.len();
         sample.resize(at + r.len(), 0);
@@ -84,6 +115,42 @@ mod tests {
         half.extend(std::iter::repeat_n(b'x', 2 << 20));
         assert!(worth_compressing(&half, 3));
         assert!(worth_compressing(&random(SAMPLED_ABOVE), 3));
+        // Just above the threshold the sample is an eighth of the content, in small pieces,
+        // and still tells text from noise.
+        let small = SAMPLED_ABOVE + 1;
+        assert!(!worth_compressing(&random(small), 3));
+        assert!(worth_compressing(&text[..small], 3));
+        let ranges: Vec<_> = sample_ranges(small).unwrap().collect();
+        assert_eq!(ranges.len(), PIECES);
+        assert_eq!(
+            ranges.iter().map(|r| r.len()).sum::<usize>(),
+            small / 64 * 8
+        );
+        let large: Vec<_> = sample_ranges(64 << 20).unwrap().collect();
+        assert!(large.iter().all(|r| r.len() == MAX_PIECE));
+    }
+
+    /// A kept context compresses as a new one does, whatever it compressed before and at
+    /// whichever level; what it gives decodes to what went in.
+    #[test]
+    fn kept_contexts_compress_as_new_ones() {
+        let text: Vec<u8> = (0..(300 << 10))
+            .map(|i: usize| b"import marimo as mo\nmo.md('cell')\n"[i % 34])
+            .collect();
+        for bytes in [
+            random(200 << 10),
+            text.clone(),
+            Vec::new(),
+            random(10),
+            text,
+        ] {
+            for level in [1, 3, 9] {
+                let kept = compress(&bytes, level).unwrap();
+                assert_eq!(kept, zstd::bulk::compress(&bytes, level).unwrap());
+                assert_eq!(zstd::bulk::decompress(&kept, bytes.len()).unwrap(), bytes);
+            }
+        }
+        assert!(CONTEXTS.lock().unwrap().len() <= KEPT_CONTEXTS);
     }
 
     /// Reading the sample from a file decides as the sample of the same bytes in memory.

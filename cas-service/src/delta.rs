@@ -203,7 +203,7 @@ fn encode_both(
     sampled: bool,
 ) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
     let alone = (sampled || crate::compressibility::worth_compressing(content, level))
-        .then(|| zstd::bulk::compress(content, level).ok())
+        .then(|| crate::compressibility::compress(content, level).ok())
         .flatten();
     let delta = base.and_then(|base| {
         let mut c = zstd::bulk::Compressor::with_dictionary(level, base).ok()?;
