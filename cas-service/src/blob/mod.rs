@@ -235,6 +235,9 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(std::io::Error::other)?
 }
 
+/// Bytes of a body's chunks written to a spool file by one blocking write.
+const SPOOL_BATCH: usize = 1 << 20;
+
 /// Where a store spools bytes: a directory held by handle, with a free-space floor below which
 /// nothing more is written.
 #[derive(Debug, Clone)]
@@ -285,7 +288,8 @@ impl Spool {
     }
 
     /// Writes `body` (at most `max` bytes) to a new spool file for `key`; checks the floor
-    /// again every 8 MiB.
+    /// again every 8 MiB. The body's chunks are written as they are, a batch of them
+    /// ([`SPOOL_BATCH`] bytes) by one blocking write while the next batch is received.
     pub async fn write(
         &self,
         key: &str,
@@ -293,29 +297,65 @@ impl Spool {
         max: u64,
     ) -> Result<(SpoolFile, u64), PutOnceError> {
         use futures_util::StreamExt;
-        use tokio::io::AsyncWriteExt;
         let spool = self.file("upload-").await?;
         let io = |source| BlobError::Io {
             op: "spool",
             key: key.to_string(),
             source,
         };
-        let mut file = tokio::fs::File::from_std(spool.handle().map_err(io)?);
+        let mut file = Some(spool.handle().map_err(io)?);
+        let mut writing: Option<tokio::task::JoinHandle<std::io::Result<std::fs::File>>> = None;
+        let mut batch: Vec<Bytes> = Vec::new();
+        let mut batched = 0usize;
         let mut written = 0u64;
         let mut checked = 0u64;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(PutOnceError::Body)?;
-            written += chunk.len() as u64;
-            if written > max {
-                return Err(PutOnceError::TooLarge(max));
+        loop {
+            let chunk = body.next().await.transpose().map_err(PutOnceError::Body)?;
+            let done = chunk.is_none();
+            if let Some(chunk) = chunk {
+                written += chunk.len() as u64;
+                if written > max {
+                    return Err(PutOnceError::TooLarge(max));
+                }
+                if written - checked > 8 << 20 {
+                    self.check_free().await?;
+                    checked = written;
+                }
+                batched += chunk.len();
+                batch.push(chunk);
             }
-            if written - checked > 8 << 20 {
-                self.check_free().await?;
-                checked = written;
+            if batched >= SPOOL_BATCH || (done && !batch.is_empty()) {
+                if let Some(previous) = writing.take() {
+                    file = Some(
+                        previous
+                            .await
+                            .map_err(std::io::Error::other)
+                            .and_then(|r| r)
+                            .map_err(io)?,
+                    );
+                }
+                let Some(mut f) = file.take() else {
+                    return Err(io(std::io::Error::other("the spool file was lost")).into());
+                };
+                let chunks = std::mem::take(&mut batch);
+                batched = 0;
+                writing = Some(tokio::task::spawn_blocking(move || {
+                    for c in &chunks {
+                        std::io::Write::write_all(&mut f, c)?;
+                    }
+                    Ok(f)
+                }));
             }
-            file.write_all(&chunk).await.map_err(io)?;
+            if done {
+                break;
+            }
         }
-        file.flush().await.map_err(io)?;
+        if let Some(last) = writing {
+            last.await
+                .map_err(std::io::Error::other)
+                .and_then(|r| r)
+                .map_err(io)?;
+        }
         Ok((spool, written))
     }
 }
