@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cas_format::wire::{
-    BATCH_LEASE_BINARY, BatchLeaseElement, BatchLeaseRequest, BatchLeaseResponse, BatchLeaseResult,
     ErrorBody, GcRequest, GcResponse, LeaseRequest, LeaseResponse, NodeMetadataResponse,
-    RefChanges, RootRefPage, RootRefUpdate, RootRefUpdateResponse, UploadTarget, Usage, batch_body,
+    RefChanges, RootRefPage, RootRefUpdate, RootRefUpdateResponse, UploadTarget, Usage,
 };
 use cas_format::{AppId, Hash, RequestId, SpaceId};
 use futures_util::{Stream, StreamExt};
@@ -99,7 +98,7 @@ impl std::fmt::Debug for AppCasClient {
 }
 
 /// One request of the data plane.
-struct Call<'a> {
+pub(crate) struct Call<'a> {
     method: Method,
     path: &'a str,
     space: &'a SpaceId,
@@ -111,7 +110,7 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    fn new(
+    pub(crate) fn new(
         method: Method,
         path: &'a str,
         space: &'a SpaceId,
@@ -137,7 +136,7 @@ impl<'a> Call<'a> {
         self.typed_body(body, "application/json")
     }
 
-    fn typed_body(mut self, body: Vec<u8>, media_type: &'static str) -> Self {
+    pub(crate) fn typed_body(mut self, body: Vec<u8>, media_type: &'static str) -> Self {
         self.body = Some((Bytes::from(body), media_type));
         self
     }
@@ -149,7 +148,7 @@ impl<'a> Call<'a> {
 }
 
 /// Permissions of each call.
-mod perm {
+pub(crate) mod perm {
     use cas_format::wire::permission as p;
     pub const READ: &[&str] = &[p::NODES_READ];
     pub const LEASE: &[&str] = &[p::NODES_LEASE];
@@ -340,7 +339,7 @@ impl AppCasClient {
         }
     }
 
-    async fn json<T: DeserializeOwned>(&self, call: Call<'_>) -> Result<T, ClientError> {
+    pub(crate) async fn json<T: DeserializeOwned>(&self, call: Call<'_>) -> Result<T, ClientError> {
         self.retrying(|| async {
             let resp = self.send(&call).await?;
             let bytes = read_limited(resp, MAX_JSON_ANSWER).await?;
@@ -500,67 +499,6 @@ impl AppCasClient {
                 .body(body),
         )
         .await
-    }
-
-    /// One batch lease call: up to [`cas_format::wire::MAX_BATCH_LEASES`] elements, answered in order, each with
-    /// its lease answer or its own error. Leases are idempotent, so the call is retried as a
-    /// whole on transient failures.
-    pub async fn lease_batch(
-        &self,
-        space: &SpaceId,
-        leases: Vec<BatchLeaseElement>,
-    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
-        let n = leases.len();
-        let body = serde_json::to_vec(&BatchLeaseRequest { leases })
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.lease_batch_body(space, n, body, "application/json")
-            .await
-    }
-
-    /// Leases a batch whose inline nodes travel as raw bytes (the binary body): each element
-    /// with a node carries it (and names its length); results in order.
-    pub async fn lease_batch_raw(
-        &self,
-        space: &SpaceId,
-        leases: Vec<(BatchLeaseElement, Option<Bytes>)>,
-    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
-        let mut elements = Vec::with_capacity(leases.len());
-        let mut nodes = Vec::new();
-        for (mut e, node) in leases {
-            if let Some(node) = node {
-                e.content = None;
-                e.content_bytes = Some(node.len() as u64);
-                nodes.push(node);
-            }
-            elements.push(e);
-        }
-        let n = elements.len();
-        let json = serde_json::to_vec(&BatchLeaseRequest { leases: elements })
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        let body = batch_body(&json, nodes.iter().map(|n| &n[..]))
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.lease_batch_body(space, n, body, BATCH_LEASE_BINARY)
-            .await
-    }
-
-    /// Sends a batch lease body of `n` elements; its `n` results, in order.
-    async fn lease_batch_body(
-        &self,
-        space: &SpaceId,
-        n: usize,
-        body: Vec<u8>,
-        media_type: &'static str,
-    ) -> Result<Vec<BatchLeaseResult>, ClientError> {
-        let call = Call::new(Method::POST, "/v1/cas/leases", space, perm::LEASE)
-            .typed_body(body, media_type);
-        let answer: BatchLeaseResponse = self.json(call).await?;
-        if answer.results.len() != n {
-            return Err(ClientError::Protocol(format!(
-                "a batch of {n} leases was answered with {} results",
-                answer.results.len()
-            )));
-        }
-        Ok(answer.results)
     }
 
     /// PUTs a portable node to an upload target. A 412 (the target already holds an upload,

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod batch;
+mod batch_lease;
 pub mod capability;
 pub mod chunking;
 pub mod cli;
