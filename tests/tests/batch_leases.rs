@@ -2,6 +2,7 @@
 //! element in order, and one bad element failing alone.
 
 use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use cas_format::Hash;
 use cas_format::wire::{BatchLeaseElement, BatchLeaseResult, LeaseResponse};
 use serde_json::{Value, json};
@@ -10,7 +11,7 @@ use tests::*;
 const LEASE: u64 = 600_000;
 
 fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    STANDARD.encode(bytes)
 }
 
 fn inline(hash: Hash, portable: &[u8]) -> BatchLeaseElement {
@@ -312,13 +313,11 @@ async fn one_bad_element_fails_alone_in_a_binary_body(b: Backend) -> anyhow::Res
 
 /// Elements of the JSON form as the binary form carries them.
 fn raw(elements: Vec<BatchLeaseElement>) -> Vec<(BatchLeaseElement, Option<bytes::Bytes>)> {
+    let decode = |c: String| bytes::Bytes::from(STANDARD.decode(c).expect("base64"));
     elements
         .into_iter()
         .map(|mut e| {
-            let node = e.content.take().map(|c| {
-                let decoded = base64::engine::general_purpose::STANDARD.decode(c);
-                bytes::Bytes::from(decoded.expect("the test's own base64"))
-            });
+            let node = e.content.take().map(decode);
             (e, node)
         })
         .collect()
@@ -377,72 +376,103 @@ async fn bad_elements(b: Backend, binary: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A server of App `hub` (dropped before what it runs on) and what raw requests to its batch
+/// route need: its URL and a capability to lease in Space `s`.
+struct Route {
+    server: Server,
+    _env: TestEnv,
+    app: TestApp,
+    url: String,
+    lease: String,
+    http: reqwest::Client,
+}
+
+impl Route {
+    async fn new(b: Backend) -> anyhow::Result<Route> {
+        let env = TestEnv::new(b).await?;
+        let app = env.create_app("hub")?;
+        let server = env.start()?;
+        let url = format!("{}/v1/cas/leases", server.url);
+        let lease = app.token(&space("s"), &["cas:nodes:lease"]);
+        Ok(Route {
+            _env: env,
+            server,
+            app,
+            url,
+            lease,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// A POST of `body`, as `media_type`, to the batch route of Space `space`, with `token`.
+    fn post(
+        &self,
+        space: &str,
+        media_type: &str,
+        token: Option<&str>,
+        body: Vec<u8>,
+    ) -> reqwest::RequestBuilder {
+        let req = self
+            .http
+            .post(&self.url)
+            .query(&[("appId", "hub"), ("spaceId", space)])
+            .header("content-type", media_type)
+            .body(body);
+        match token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+}
+
 /// A batch as a whole: empty, too many elements, too large a body, no or a wrong capability.
 async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let sp = space("s");
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/cas/leases", server.url);
-    let lease = app.token(&sp, &["cas:nodes:lease"]);
-    let post = |token: Option<&str>, body: Vec<u8>| {
-        let mut req = http
-            .post(&url)
-            .query(&[("appId", "hub"), ("spaceId", "s")])
-            .header("content-type", "application/json")
-            .body(body);
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        req.send()
-    };
+    let r = Route::new(b).await?;
+    let (sp, lease) = (&space("s"), r.lease.as_str());
+    let post =
+        |token: Option<&str>, body: Vec<u8>| r.post("s", "application/json", token, body).send();
     let element =
         |i: u32| json!({"hash": leaf(&i.to_le_bytes()).0.to_string(), "leaseDurationMs": LEASE});
     let error = |v: Value| v["error"].as_str().unwrap_or_default().to_string();
-    let r = post(Some(&lease), serde_json::to_vec(&json!({"leases": []}))?).await?;
-    assert_eq!(r.status(), 400);
+    let answer = post(Some(lease), serde_json::to_vec(&json!({"leases": []}))?).await?;
+    assert_eq!(answer.status(), 400);
     let many: Vec<Value> = (0..1001).map(element).collect();
-    let r = post(Some(&lease), serde_json::to_vec(&json!({"leases": many}))?).await?;
-    assert_eq!(r.status(), 413);
-    assert_eq!(error(r.json().await?), "PAYLOAD_TOO_LARGE");
+    let answer = post(Some(lease), serde_json::to_vec(&json!({"leases": many}))?).await?;
+    assert_eq!(answer.status(), 413);
+    assert_eq!(error(answer.json().await?), "PAYLOAD_TOO_LARGE");
     let huge = json!({"leases": [{"hash": leaf(b"x").0.to_string(), "leaseDurationMs": LEASE,
         "content": "A".repeat(17 << 20)}]});
     // Refused at 16 MiB: the answer is 413, unless the server closed the connection on the
     // rest of the body before the client read it.
     // (A client of its own: that connection is not reused.)
     let sent = reqwest::Client::new()
-        .post(&url)
+        .post(&r.url)
         .query(&[("appId", "hub"), ("spaceId", "s")])
-        .bearer_auth(&lease)
+        .bearer_auth(lease)
         .header("content-type", "application/json")
         .body(serde_json::to_vec(&huge)?)
         .send()
         .await;
-    if let Ok(r) = sent {
-        assert_eq!(r.status(), 413);
+    if let Ok(answer) = sent {
+        assert_eq!(answer.status(), 413);
     }
     let one = serde_json::to_vec(&json!({"leases": [element(1)]}))?;
     assert_eq!(post(None, one.clone()).await?.status(), 401);
     // A capability for Space `s` leases nothing in another Space.
-    let elsewhere = http
-        .post(&url)
-        .query(&[("appId", "hub"), ("spaceId", "other")])
-        .bearer_auth(&lease)
-        .header("content-type", "application/json")
-        .body(one.clone())
+    let elsewhere = r
+        .post("other", "application/json", Some(lease), one.clone())
         .send()
         .await?;
     assert_eq!(elsewhere.status(), 403);
-    let read_only = app.token(&sp, &["cas:nodes:read"]);
+    let read_only = r.app.token(sp, &["cas:nodes:read"]);
     assert_eq!(post(Some(&read_only), one.clone()).await?.status(), 403);
     let unknown = serde_json::to_vec(&json!({"leases": [element(1)], "extra": 1}))?;
-    assert_eq!(post(Some(&lease), unknown).await?.status(), 400);
-    let r = post(Some(&lease), one).await?;
-    assert_eq!(r.status(), 200);
-    let v: Value = r.json().await?;
+    assert_eq!(post(Some(lease), unknown).await?.status(), 400);
+    let answer = post(Some(lease), one).await?;
+    assert_eq!(answer.status(), 200);
+    let v: Value = answer.json().await?;
     assert_eq!(v["results"][0]["state"], "awaiting_upload");
-    let usage = app.client(&server).usage(&sp).await?;
+    let usage = r.app.client(&r.server).usage(sp).await?;
     assert_eq!(usage.node_count, 0);
     Ok(())
 }
@@ -451,20 +481,10 @@ async fn whole_batches_are_refused_clearly(b: Backend) -> anyhow::Result<()> {
 /// name against the bytes that follow, base64 where raw bytes belong) is refused whole with a
 /// 400 that says why, and stores nothing; the same elements framed right are stored.
 async fn binary_bodies_whose_lengths_lie_are_refused_whole(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let sp = space("s");
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/cas/leases", server.url);
-    let lease = app.token(&sp, &["cas:nodes:lease"]);
-    let post = |media_type: &'static str, body: Vec<u8>| {
-        http.post(&url)
-            .query(&[("appId", "hub"), ("spaceId", "s")])
-            .bearer_auth(&lease)
-            .header("content-type", media_type)
-            .body(body)
-            .send()
+    let route = Route::new(b).await?;
+    let sp = &space("s");
+    let post = |media_type: &str, body: Vec<u8>| {
+        route.post("s", media_type, Some(&route.lease), body).send()
     };
     const BINARY: &str = cas_format::wire::BATCH_LEASE_BINARY;
     let (h1, n1) = leaf(b"first node");
@@ -552,18 +572,18 @@ async fn binary_bodies_whose_lengths_lie_are_refused_whole(b: Backend) -> anyhow
         let message = v["message"].as_str().unwrap_or_default();
         assert!(message.contains(&says), "case {i}: {message}");
     }
-    let client = app.client(&server);
-    assert_eq!(client.usage(&sp).await?.node_count, 0, "nothing was stored");
+    let client = route.app.client(&route.server);
+    assert_eq!(client.usage(sp).await?.node_count, 0, "nothing was stored");
     let r = post(BINARY, framed(named(l1, l2), &both)).await?;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await?;
     assert_eq!(v["results"][0]["state"], "ready", "{v}");
     assert_eq!(v["results"][1]["state"], "ready", "{v}");
     assert_eq!(
-        &client.read_node(&sp, &h2).await?[..],
+        &client.read_node(sp, &h2).await?[..],
         b"second node, longer"
     );
-    assert_eq!(client.usage(&sp).await?.node_count, 2);
+    assert_eq!(client.usage(sp).await?.node_count, 2);
     Ok(())
 }
 
