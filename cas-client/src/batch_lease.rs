@@ -49,8 +49,7 @@ impl AppCasClient {
         let n = elements.len();
         let json = serde_json::to_vec(&BatchLeaseRequest { leases: elements })
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        let body = batch_body(&json, nodes.iter().map(|n| &n[..]))
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let body = batch_body(&json, &nodes).map_err(|e| ClientError::Invalid(e.to_string()))?;
         self.lease_batch_body(space, n, body, BATCH_LEASE_BINARY)
             .await
     }

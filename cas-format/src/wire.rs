@@ -191,18 +191,14 @@ pub struct BatchLeaseRequest {
 /// [`BatchLeaseRequest`] whose elements name their `contentBytes`) after its length as four
 /// bytes, big-endian, then the elements' portable nodes back to back, in element order. Inline
 /// nodes then travel without base64 or JSON escaping, each byte copied once.
-pub fn batch_body<'a>(
-    json: &[u8],
-    nodes: impl IntoIterator<Item = &'a [u8]>,
-) -> Result<Vec<u8>, BatchBodyError> {
+pub fn batch_body(json: &[u8], nodes: &[impl AsRef<[u8]>]) -> Result<Vec<u8>, BatchBodyError> {
     let said = u32::try_from(json.len()).map_err(|_| BatchBodyError::JsonTooLong(json.len()))?;
-    let nodes: Vec<&[u8]> = nodes.into_iter().collect();
-    let len = 4 + json.len() + nodes.iter().map(|n| n.len()).sum::<usize>();
+    let len = 4 + json.len() + nodes.iter().map(|n| n.as_ref().len()).sum::<usize>();
     let mut body = Vec::with_capacity(len);
     body.extend_from_slice(&said.to_be_bytes());
     body.extend_from_slice(json);
     for n in nodes {
-        body.extend_from_slice(n);
+        body.extend_from_slice(n.as_ref());
     }
     Ok(body)
 }
@@ -429,11 +425,11 @@ mod tests {
     #[test]
     fn binary_batch_bodies_split_as_they_were_joined() {
         let json = br#"{"leases":[]}"#;
-        let body = batch_body(json, [&b"ab"[..], b"", b"cde"]).unwrap();
+        let body = batch_body(json, &[&b"ab"[..], b"", b"cde"]).unwrap();
         assert_eq!(&body[..4], &[0, 0, 0, 13]);
         assert_eq!(split_batch_body(&body), Ok((&json[..], &b"abcde"[..])));
         // Nothing after the JSON, or nothing but the length.
-        let bare = batch_body(b"", []).unwrap();
+        let bare = batch_body(b"", &[] as &[&[u8]]).unwrap();
         assert_eq!(split_batch_body(&bare), Ok((&b""[..], &b""[..])));
         for short in [&b""[..], b"\0", b"\0\0\0"] {
             assert_eq!(

@@ -27,10 +27,12 @@ use tokio::io::AsyncRead;
 mod dir;
 mod fs;
 mod s3;
+mod spool;
 
 pub use dir::{SafeDir, SpoolFile};
 pub use fs::FsStore;
 pub use s3::S3Store;
+pub use spool::Spool;
 
 use crate::config::Config;
 
@@ -233,131 +235,6 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(std::io::Error::other)?
-}
-
-/// Bytes of a body's chunks written to a spool file by one blocking write.
-const SPOOL_BATCH: usize = 1 << 20;
-
-/// Where a store spools bytes: a directory held by handle, with a free-space floor below which
-/// nothing more is written.
-#[derive(Debug, Clone)]
-pub struct Spool {
-    dir: SafeDir,
-    min_free: u64,
-}
-
-impl Spool {
-    pub fn new(dir: SafeDir, min_free: u64) -> Self {
-        Spool { dir, min_free }
-    }
-
-    /// Fails with [`BlobError::Full`] when the disk is below its floor.
-    pub async fn check_free(&self) -> Result<(), BlobError> {
-        if self.min_free == 0 {
-            return Ok(());
-        }
-        let dir = self.dir.clone();
-        let free = blocking(move || dir.free_bytes())
-            .await
-            .map_err(|source| BlobError::Io {
-                op: "check free space of",
-                key: self.dir.path().display().to_string(),
-                source,
-            })?;
-        if free < self.min_free {
-            return Err(BlobError::Full {
-                free,
-                floor: self.min_free,
-            });
-        }
-        Ok(())
-    }
-
-    /// A new spool file named `<prefix>…`.
-    pub async fn file(&self, prefix: &str) -> Result<SpoolFile, BlobError> {
-        self.check_free().await?;
-        let dir = self.dir.clone();
-        let prefix = prefix.to_string();
-        blocking(move || SpoolFile::create(&dir, &prefix))
-            .await
-            .map_err(|source| BlobError::Io {
-                op: "create spool file in",
-                key: self.dir.path().display().to_string(),
-                source,
-            })
-    }
-
-    /// Writes `body` (at most `max` bytes) to a new spool file for `key`; checks the floor
-    /// again every 8 MiB. The body's chunks are written as they are, a batch of them
-    /// ([`SPOOL_BATCH`] bytes) by one blocking write while the next batch is received.
-    pub async fn write(
-        &self,
-        key: &str,
-        mut body: BodyStream,
-        max: u64,
-    ) -> Result<(SpoolFile, u64), PutOnceError> {
-        use futures_util::StreamExt;
-        let spool = self.file("upload-").await?;
-        let io = |source| BlobError::Io {
-            op: "spool",
-            key: key.to_string(),
-            source,
-        };
-        let mut file = Some(spool.handle().map_err(io)?);
-        let mut writing: Option<tokio::task::JoinHandle<std::io::Result<std::fs::File>>> = None;
-        let mut batch: Vec<Bytes> = Vec::new();
-        let mut batched = 0usize;
-        let mut written = 0u64;
-        let mut checked = 0u64;
-        loop {
-            let chunk = body.next().await.transpose().map_err(PutOnceError::Body)?;
-            let done = chunk.is_none();
-            if let Some(chunk) = chunk {
-                written += chunk.len() as u64;
-                if written > max {
-                    return Err(PutOnceError::TooLarge(max));
-                }
-                if written - checked > 8 << 20 {
-                    self.check_free().await?;
-                    checked = written;
-                }
-                batched += chunk.len();
-                batch.push(chunk);
-            }
-            if batched >= SPOOL_BATCH || (done && !batch.is_empty()) {
-                if let Some(previous) = writing.take() {
-                    file = Some(
-                        previous
-                            .await
-                            .map_err(std::io::Error::other)
-                            .and_then(|r| r)
-                            .map_err(io)?,
-                    );
-                }
-                let Some(mut f) = file.take() else {
-                    return Err(io(std::io::Error::other("the spool file was lost")).into());
-                };
-                let chunks = std::mem::take(&mut batch);
-                batched = 0;
-                writing = Some(tokio::task::spawn_blocking(move || {
-                    for c in &chunks {
-                        std::io::Write::write_all(&mut f, c)?;
-                    }
-                    Ok(f)
-                }));
-            }
-            if done {
-                break;
-            }
-        }
-        if let Some(last) = writing {
-            last.await
-                .map_err(std::io::Error::other)
-                .and_then(|r| r)
-                .map_err(io)?;
-        }
-        Ok((spool, written))
-    }
 }
 
 /// A presigned request a client can make directly to the object store.
