@@ -359,28 +359,27 @@ impl Service {
         Ok(stored)
     }
 
-    /// Writes an object held in memory at `key` (through one spool file).
+    /// Writes an object held in memory at `key`.
     pub(crate) async fn put_bytes(&self, key: &str, bytes: Bytes) -> ApiResult<()> {
-        let len = bytes.len() as u64;
-        let body = Box::pin(futures_util::stream::once(async move {
-            Ok::<_, std::io::Error>(bytes)
-        }));
-        let (spool, _) = self
-            .blobs
-            .spool()
-            .write(key, body, len)
+        Self::put_failpoint().await?;
+        self.blobs
+            .put_bytes(key, bytes)
             .await
-            .map_err(|e| ApiError::internal("spooling an object", e))?;
-        self.put(key, spool, len).await
+            .map_err(|e| ApiError::blob("writing an object", e))
     }
 
-    async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
+    async fn put_failpoint() -> ApiResult<()> {
         if failpoint::hit("blob.put").await {
             return Err(ApiError::storage_unavailable(
                 "writing an object",
                 "failpoint blob.put",
             ));
         }
+        Ok(())
+    }
+
+    async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
+        Self::put_failpoint().await?;
         self.blobs
             .put_file(key, file, len)
             .await

@@ -7,6 +7,7 @@
 use std::io::ErrorKind;
 use std::path::Path;
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::dir::{SafeDir, SpoolFile};
@@ -100,6 +101,30 @@ impl FsStore {
         })
         .await
         .map_err(io("store", key))
+    }
+
+    /// Writes `bytes` at `key` durably in one blocking task: a spool file written and
+    /// fsynced, renamed into place, and the directory fsynced (as [`FsStore::put_file`]).
+    pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
+        let root = self.root.clone();
+        let spool = self.spool.clone();
+        let owned = key.to_string();
+        let stored = blocking(move || {
+            let file = match spool.file_now("object-") {
+                Ok(file) => file,
+                Err(e) => return Ok(Err(e)),
+            };
+            let (dirs, name) = split(&owned);
+            let mut handle = file.file();
+            std::io::Write::write_all(&mut handle, &bytes)?;
+            handle.sync_all()?;
+            let dir = root.descend(dirs.iter().map(String::as_str), true)?;
+            file.rename_into(&dir, &name)?;
+            dir.sync()?;
+            Ok(Ok(()))
+        })
+        .await;
+        stored.map_err(io("store", key))?
     }
 
     pub async fn get(

@@ -362,6 +362,18 @@ impl BlobStore {
         .await
     }
 
+    /// Stores `bytes` held in memory at `key`: on the filesystem one blocking task writes,
+    /// fsyncs and renames them into place; on S3 they are the body of one PUT, not spooled.
+    pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
+        self.timed("put", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.put_bytes(key, bytes).await,
+                Backend::S3(s3) => s3.put_bytes(key, bytes).await,
+            }
+        })
+        .await
+    }
+
     /// The object at `key`, or `None` if there is none. With `range`, bytes `start..end`.
     pub async fn get(
         &self,

@@ -11,6 +11,7 @@ use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumVal
 use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
 use cas_format::NODE_MEDIA_TYPE;
 
 use super::{
@@ -175,6 +176,19 @@ impl S3Store {
             }
             Err(e) => Err(s3_err("put", key, e).into()),
         }
+    }
+
+    pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .content_length(bytes.len() as i64)
+            .body(ByteStream::from(bytes))
+            .send()
+            .await
+            .map_err(|e| s3_err("put", key, e))?;
+        Ok(())
     }
 
     pub async fn put_file(&self, key: &str, spool: SpoolFile, len: u64) -> Result<(), BlobError> {

@@ -26,14 +26,21 @@ impl Spool {
         if self.min_free == 0 {
             return Ok(());
         }
-        let dir = self.dir.clone();
-        let free = blocking(move || dir.free_bytes())
+        let spool = self.clone();
+        blocking(move || Ok(spool.check_free_now()))
             .await
-            .map_err(|source| BlobError::Io {
-                op: "check free space of",
-                key: self.dir.path().display().to_string(),
-                source,
-            })?;
+            .map_err(|source| self.io("check free space of", source))?
+    }
+
+    /// [`Spool::check_free`], blocking.
+    pub fn check_free_now(&self) -> Result<(), BlobError> {
+        if self.min_free == 0 {
+            return Ok(());
+        }
+        let free = self
+            .dir
+            .free_bytes()
+            .map_err(|source| self.io("check free space of", source))?;
         if free < self.min_free {
             return Err(BlobError::Full {
                 free,
@@ -43,18 +50,28 @@ impl Spool {
         Ok(())
     }
 
+    fn io(&self, op: &'static str, source: std::io::Error) -> BlobError {
+        BlobError::Io {
+            op,
+            key: self.dir.path().display().to_string(),
+            source,
+        }
+    }
+
+    /// A new spool file named `<prefix>…`, blocking: the floor is checked first.
+    pub fn file_now(&self, prefix: &str) -> Result<SpoolFile, BlobError> {
+        self.check_free_now()?;
+        SpoolFile::create(&self.dir, prefix)
+            .map_err(|source| self.io("create spool file in", source))
+    }
+
     /// A new spool file named `<prefix>…`.
     pub async fn file(&self, prefix: &str) -> Result<SpoolFile, BlobError> {
-        self.check_free().await?;
-        let dir = self.dir.clone();
+        let spool = self.clone();
         let prefix = prefix.to_string();
-        blocking(move || SpoolFile::create(&dir, &prefix))
+        blocking(move || Ok(spool.file_now(&prefix)))
             .await
-            .map_err(|source| BlobError::Io {
-                op: "create spool file in",
-                key: self.dir.path().display().to_string(),
-                source,
-            })
+            .map_err(|source| self.io("create spool file in", source))?
     }
 
     /// Writes `body` (at most `max` bytes) to a new spool file for `key`; checks the floor

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use cas_format::wire::LeaseResponse;
+use cas_format::wire::{BatchLeaseElement, BatchLeaseResult, LeaseResponse};
 use tests::hub::{HubEnv, data, refused, tar_of};
-use tests::{Backend, TestEnv, e2e, hub_e2e, node, space};
+use tests::{Backend, Blobs, TestEnv, e2e, hub_e2e, node, space};
 
 use crate::support::{push, push_notebook, revisions};
 
@@ -109,5 +109,34 @@ async fn the_service_keeps_a_floor(b: Backend) -> anyhow::Result<()> {
     assert_eq!(e.status(), Some(507), "{e}");
     assert_eq!(e.code(), Some("INSUFFICIENT_STORAGE"));
     assert_eq!(client.usage(&sp).await?.node_count, 0);
+
+    // A node sent inline, too large to be held in its row, is written as an object of its
+    // own from memory: on the filesystem that is refused below the floor like any spool
+    // write; S3 takes it as the body of its PUT, which fills no local disk.
+    let (h, bytes) = node("application/octet-stream", &[], &[7u8; 100 << 10]);
+    let element = BatchLeaseElement {
+        hash: h,
+        lease_duration_ms: 60_000,
+        upload_bytes: Some(bytes.len() as u64),
+        content: None,
+        content_bytes: None,
+        delta_base: None,
+    };
+    let results = client
+        .lease_batch_raw(&sp, vec![(element, Some(bytes))])
+        .await?;
+    let usage = client.usage(&sp).await?;
+    match (b.blobs, &results[..]) {
+        (Blobs::Fs, [BatchLeaseResult::Error(e)]) => {
+            assert_eq!(e.error, "STORAGE_ERROR", "{}", e.message);
+            assert_eq!(usage.node_count, 0);
+        }
+        (Blobs::S3, [BatchLeaseResult::Lease(LeaseResponse::Ready { hash, .. })]) => {
+            assert_eq!(*hash, h);
+            assert_eq!(usage.node_count, 1);
+            assert_eq!(client.read_content(&sp, &h, None).await?.len(), 100 << 10);
+        }
+        (blobs, other) => panic!("{blobs:?}: {other:?}"),
+    }
     Ok(())
 }

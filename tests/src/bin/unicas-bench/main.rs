@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! scripts/bench [sqlite-fs|sqlite-s3|postgres-fs|postgres-s3 ...]
-//! scripts/bench tree [backend]     # tree put and get of a 38 MB and a 300 MB tree beside cp -r + sync
+//! scripts/bench tree [backend [notebooks|mixed]]  # tree put and get of a 38 MB and a 300 MB
+//!                                                 # tree (or one of them) beside cp -r + sync
 //! ```
 //!
 //! For each backend it starts a real server and reports:
@@ -448,8 +449,16 @@ async fn main() -> anyhow::Result<()> {
             .map(|a| parse_backend(a))
             .transpose()?
             .unwrap_or(Backend::SQLITE_FS);
-        tree_bench(b, TreeShape::Notebooks).await?;
-        return tree_bench(b, TreeShape::Mixed).await;
+        let shapes: &[TreeShape] = match args.get(2).map(String::as_str) {
+            None => &[TreeShape::Notebooks, TreeShape::Mixed],
+            Some("notebooks") => &[TreeShape::Notebooks],
+            Some("mixed") => &[TreeShape::Mixed],
+            Some(other) => anyhow::bail!("unknown tree {other}; use notebooks or mixed"),
+        };
+        for shape in shapes {
+            tree_bench(b, *shape).await?;
+        }
+        return Ok(());
     }
     let backends: Vec<Backend> = if args.is_empty() {
         vec![Backend::SQLITE_FS]
