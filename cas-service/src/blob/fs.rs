@@ -254,3 +254,54 @@ impl FsStore {
         blocking(move || root.free_bytes()).await.is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spooled(root: &Path) -> usize {
+        std::fs::read_dir(root.join(".spool"))
+            .expect("spool")
+            .count()
+    }
+
+    #[tokio::test]
+    async fn bytes_are_stored_whole_or_not_at_all() {
+        let root = tempfile::tempdir().expect("dir");
+        let outside = tempfile::tempdir().expect("dir");
+        let store = FsStore::open(root.path(), 0).expect("store");
+        store
+            .put_bytes("a/b/obj", Bytes::from_static(b"content"))
+            .await
+            .expect("put");
+        assert_eq!(
+            std::fs::read(root.path().join("a/b/obj")).expect("read"),
+            b"content"
+        );
+        assert_eq!(spooled(root.path()), 0);
+
+        // A directory of the key that is a link is refused; nothing is written through it and
+        // the spool file is gone.
+        std::os::unix::fs::symlink(outside.path(), root.path().join("esc")).expect("link");
+        let refused = store
+            .put_bytes("esc/obj", Bytes::from_static(b"x"))
+            .await
+            .expect_err("through a link");
+        assert!(
+            matches!(refused, BlobError::Io { op: "store", .. }),
+            "{refused}"
+        );
+        assert_eq!(std::fs::read_dir(outside.path()).expect("list").count(), 0);
+        assert_eq!(spooled(root.path()), 0);
+
+        // Below the free-space floor nothing is written.
+        let full = FsStore::open(root.path(), u64::MAX).expect("store");
+        let refused = full
+            .put_bytes("a/b/other", Bytes::from_static(b"x"))
+            .await
+            .expect_err("below the floor");
+        assert!(matches!(refused, BlobError::Full { .. }), "{refused}");
+        assert!(!root.path().join("a/b/other").exists());
+        assert_eq!(spooled(root.path()), 0);
+    }
+}
