@@ -131,7 +131,8 @@ impl Service {
     }
 
     /// Writes the objects of staged inline nodes, concurrently; answers those that failed
-    /// and returns the others.
+    /// (each with its own error: a full disk is a 507, a failing store a 503) and returns the
+    /// others.
     async fn write_inline_all(
         &self,
         app: &AppId,
@@ -139,27 +140,28 @@ impl Service {
         staged: Vec<Staged>,
         answers: &mut Answers,
     ) -> Vec<Staged> {
-        let staged: Vec<Staged> = futures_util::stream::iter(staged)
+        let results: Vec<(Staged, Option<ApiError>)> = futures_util::stream::iter(staged)
             .map(|mut s| async move {
                 match self.write_inline(app, space, &s).await {
-                    Ok(object) => s.object = Some(object),
-                    Err(e) => tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written"),
+                    Ok(object) => {
+                        s.object = Some(object);
+                        (s, None)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written");
+                        (s, Some(e))
+                    }
                 }
-                s
             })
             .buffer_unordered(ELEMENT_CONCURRENCY)
             .collect()
             .await;
-        let (written, failed): (Vec<Staged>, Vec<Staged>) =
-            staged.into_iter().partition(|s| s.object.is_some());
-        for s in failed {
-            answers.push((
-                s.node.index,
-                Err(ApiError::storage_unavailable(
-                    "writing an object",
-                    "the object store refused an inline node",
-                )),
-            ));
+        let mut written = Vec::new();
+        for (s, failed) in results {
+            match failed {
+                None => written.push(s),
+                Some(e) => answers.push((s.node.index, Err(e))),
+            }
         }
         written
     }

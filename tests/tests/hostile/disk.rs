@@ -112,7 +112,8 @@ async fn the_service_keeps_a_floor(b: Backend) -> anyhow::Result<()> {
 
     // A node sent inline, too large to be held in its row, is written as an object of its
     // own from memory: on the filesystem that is refused below the floor like any spool
-    // write; S3 takes it as the body of its PUT, which fills no local disk.
+    // write (the element's own 507); S3 takes it as the body of its PUT, which fills no
+    // local disk.
     let (h, bytes) = node("application/octet-stream", &[], &[7u8; 100 << 10]);
     let element = BatchLeaseElement {
         hash: h,
@@ -128,7 +129,7 @@ async fn the_service_keeps_a_floor(b: Backend) -> anyhow::Result<()> {
     let usage = client.usage(&sp).await?;
     match (b.blobs, &results[..]) {
         (Blobs::Fs, [BatchLeaseResult::Error(e)]) => {
-            assert_eq!(e.error, "STORAGE_ERROR", "{}", e.message);
+            assert_eq!(e.error, "INSUFFICIENT_STORAGE", "{}", e.message);
             assert_eq!(usage.node_count, 0);
         }
         (Blobs::S3, [BatchLeaseResult::Lease(LeaseResponse::Ready { hash, .. })]) => {
