@@ -34,6 +34,14 @@ fn split(key: &str) -> (Vec<String>, String) {
     (parts, name)
 }
 
+/// Puts a written spool file in place as `name` in `dir`, durably: the file fsynced, renamed,
+/// the directory fsynced. Blocking.
+fn place(spool: SpoolFile, dir: &SafeDir, name: &str) -> std::io::Result<()> {
+    spool.file().sync_all()?;
+    spool.rename_into(dir, name)?;
+    dir.sync()
+}
+
 impl FsStore {
     pub fn open(root: &Path, min_free_bytes: u64) -> anyhow::Result<Self> {
         let dir = SafeDir::open_root(root, true).map_err(|e| {
@@ -88,43 +96,39 @@ impl FsStore {
         }
     }
 
-    /// Moves a finished spool file into place at `key`, durably (file, then directory fsync).
+    /// Moves a finished spool file into place at `key`, durably ([`place`]), in one blocking
+    /// task.
     pub async fn put_file(&self, key: &str, spool: SpoolFile) -> Result<(), BlobError> {
-        let (dir, name) = self
-            .dir_of(key, true)
-            .await
-            .map_err(io("create directory for", key))?;
+        let root = self.root.clone();
+        let owned = key.to_string();
         blocking(move || {
-            spool.file().sync_all()?;
-            spool.rename_into(&dir, &name)?;
-            dir.sync()
+            let (dirs, name) = split(&owned);
+            Ok(root
+                .descend(dirs.iter().map(String::as_str), true)
+                .map_err(io("create directory for", &owned))
+                .and_then(|dir| place(spool, &dir, &name).map_err(io("store", &owned))))
         })
         .await
-        .map_err(io("store", key))
+        .map_err(io("store", key))?
     }
 
-    /// Writes `bytes` at `key` durably in one blocking task: a spool file written and
-    /// fsynced, renamed into place, and the directory fsynced (as [`FsStore::put_file`]).
+    /// Writes `bytes` at `key` durably in one blocking task: a spool file written, then put in
+    /// place as [`FsStore::put_file`] does.
     pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
         let root = self.root.clone();
         let spool = self.spool.clone();
         let owned = key.to_string();
-        let stored = blocking(move || {
-            let file = match spool.file_now("object-") {
-                Ok(file) => file,
-                Err(e) => return Ok(Err(e)),
-            };
-            let (dirs, name) = split(&owned);
-            let mut handle = file.file();
-            std::io::Write::write_all(&mut handle, &bytes)?;
-            handle.sync_all()?;
-            let dir = root.descend(dirs.iter().map(String::as_str), true)?;
-            file.rename_into(&dir, &name)?;
-            dir.sync()?;
-            Ok(Ok(()))
+        blocking(move || {
+            Ok(spool.file_now("object-").and_then(|file| {
+                let (dirs, name) = split(&owned);
+                std::io::Write::write_all(&mut file.file(), &bytes)
+                    .and_then(|()| root.descend(dirs.iter().map(String::as_str), true))
+                    .and_then(|dir| place(file, &dir, &name))
+                    .map_err(io("store", &owned))
+            }))
         })
-        .await;
-        stored.map_err(io("store", key))?
+        .await
+        .map_err(io("store", key))?
     }
 
     pub async fn get(

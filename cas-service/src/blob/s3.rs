@@ -179,20 +179,19 @@ impl S3Store {
     }
 
     pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(self.key(key))
-            .content_length(bytes.len() as i64)
-            .body(ByteStream::from(bytes))
-            .send()
-            .await
-            .map_err(|e| s3_err("put", key, e))?;
-        Ok(())
+        let len = bytes.len() as u64;
+        self.put_object(key, len, ByteStream::from(bytes)).await
     }
 
     pub async fn put_file(&self, key: &str, spool: SpoolFile, len: u64) -> Result<(), BlobError> {
         let body = spool_body(&spool, key, len).await?;
+        self.put_object(key, len, body).await?;
+        drop(spool);
+        Ok(())
+    }
+
+    /// One PUT of `len` bytes of `body` at `key`.
+    async fn put_object(&self, key: &str, len: u64, body: ByteStream) -> Result<(), BlobError> {
         self.client
             .put_object()
             .bucket(&self.bucket)
@@ -202,7 +201,6 @@ impl S3Store {
             .send()
             .await
             .map_err(|e| s3_err("put", key, e))?;
-        drop(spool);
         Ok(())
     }
 

@@ -140,16 +140,16 @@ impl Service {
         staged: Vec<Staged>,
         answers: &mut Answers,
     ) -> Vec<Staged> {
-        let results: Vec<(Staged, Option<ApiError>)> = futures_util::stream::iter(staged)
+        let results: Vec<Result<Staged, (usize, ApiError)>> = futures_util::stream::iter(staged)
             .map(|mut s| async move {
                 match self.write_inline(app, space, &s).await {
                     Ok(object) => {
                         s.object = Some(object);
-                        (s, None)
+                        Ok(s)
                     }
                     Err(e) => {
                         tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written");
-                        (s, Some(e))
+                        Err((s.node.index, e))
                     }
                 }
             })
@@ -157,10 +157,10 @@ impl Service {
             .collect()
             .await;
         let mut written = Vec::new();
-        for (s, failed) in results {
-            match failed {
-                None => written.push(s),
-                Some(e) => answers.push((s.node.index, Err(e))),
+        for r in results {
+            match r {
+                Ok(s) => written.push(s),
+                Err((index, e)) => answers.push((index, Err(e))),
             }
         }
         written
