@@ -329,17 +329,17 @@ impl Service {
         Ok(identity(size))
     }
 
-    /// As [`Service::write_object`], for own content already in memory (an inline node):
-    /// encoded there, and spooled once (or held).
-    pub(crate) async fn write_content(
+    /// As [`Service::write_object`] decides, for own content already in memory (an inline
+    /// node): encoded there, and either held (in what it returns) or to be written as the
+    /// object it also returns, at the generation's key.
+    pub(crate) async fn encode_inline(
         &self,
         app: &AppId,
         space: &SpaceId,
         g: &Generation,
         own: Bytes,
         hint: Option<Hash>,
-    ) -> ApiResult<StoredObject> {
-        let key = node_key(app, space, &g.hash, &g.object_name());
+    ) -> ApiResult<(StoredObject, Option<(String, Bytes)>)> {
         let size = own.len() as u64;
         let min = self.config.compress_min_bytes;
         let (bytes, stored) = if (min > 0 && size >= min) || hint.is_some() {
@@ -350,13 +350,48 @@ impl Service {
             (own, identity(size))
         };
         if self.holds(size) {
-            return Ok(StoredObject {
-                held: Some(bytes),
-                ..stored
-            });
+            return Ok((
+                StoredObject {
+                    held: Some(bytes),
+                    ..stored
+                },
+                None,
+            ));
         }
-        self.put_bytes(&key, bytes).await?;
-        Ok(stored)
+        let key = node_key(app, space, &g.hash, &g.object_name());
+        Ok((stored, Some((key, bytes))))
+    }
+
+    /// Writes objects held in memory, each at its key, together ([`BlobStore::put_many_bytes`]);
+    /// one result per item, in order.
+    ///
+    /// [`BlobStore::put_many_bytes`]: crate::blob::BlobStore::put_many_bytes
+    pub(crate) async fn put_many_bytes(&self, items: Vec<(String, Bytes)>) -> Vec<ApiResult<()>> {
+        let mut failed = Vec::with_capacity(items.len());
+        let mut to_write = Vec::with_capacity(items.len());
+        for item in items {
+            match Self::put_failpoint().await {
+                Ok(()) => {
+                    failed.push(None);
+                    to_write.push(item);
+                }
+                Err(e) => failed.push(Some(e)),
+            }
+        }
+        let mut written = self.blobs.put_many_bytes(to_write).await.into_iter();
+        failed
+            .into_iter()
+            .map(|f| match f {
+                Some(e) => Err(e),
+                None => match written.next() {
+                    Some(result) => result.map_err(|e| ApiError::blob("writing an object", e)),
+                    None => Err(ApiError::internal(
+                        "writing an object",
+                        "the store answered fewer results than objects",
+                    )),
+                },
+            })
+            .collect()
     }
 
     /// Writes an object held in memory at `key`.

@@ -43,7 +43,18 @@ fn ready(r: &BatchLeaseResult) -> bool {
 /// 300 small new nodes stored by one request, read back; a parent stored inline with its
 /// children in the same batch is published once they are.
 async fn small_nodes_in_one_request(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
+    small_nodes(TestEnv::new(b).await?).await
+}
+
+/// The same with every node an object of its own (none held in its row): the objects of a
+/// group are written together.
+async fn small_nodes_as_objects_in_one_request(b: Backend) -> anyhow::Result<()> {
+    let mut env = TestEnv::new(b).await?;
+    env.set("UNICAS_HOLD_MAX_BYTES", 0);
+    small_nodes(env).await
+}
+
+async fn small_nodes(env: TestEnv) -> anyhow::Result<()> {
     let app = env.create_app("hub")?;
     let server = env.start()?;
     let client = app.client(&server);
@@ -589,6 +600,7 @@ async fn binary_bodies_whose_lengths_lie_are_refused_whole(b: Backend) -> anyhow
 
 e2e!(
     small_nodes_in_one_request,
+    small_nodes_as_objects_in_one_request,
     a_tree_in_one_group,
     leased_first_then_inline,
     an_unwritten_inline_node_is_stored_again,

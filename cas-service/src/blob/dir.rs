@@ -71,16 +71,30 @@ impl SafeDir {
         &self.path
     }
 
-    /// The directory `name` below this one, never through a symlink; created when asked.
+    /// The directory `name` below this one, never through a symlink; created when asked (and
+    /// then this directory is fsynced, so that the new entry is durable before anything is
+    /// placed below it).
     pub fn child(&self, name: &str, create: bool) -> io::Result<SafeDir> {
+        let (dir, created) = self.child_unsynced(name, create)?;
+        if created {
+            self.sync()?;
+        }
+        Ok(dir)
+    }
+
+    /// As [`SafeDir::child`], without the fsync: answers whether the directory was created,
+    /// in which case this one must be fsynced before anything placed below it is durable.
+    pub fn child_unsynced(&self, name: &str, create: bool) -> io::Result<(SafeDir, bool)> {
         let name = component(name)?;
         let path = self.path.join(name);
         let open = || rustix::fs::openat(&*self.fd, name, DIR_FLAGS, Mode::empty());
+        let mut created = false;
         let fd = match open() {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) if create => {
                 match rustix::fs::mkdirat(&*self.fd, name, Mode::from_raw_mode(0o755)) {
-                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Ok(()) => created = true,
+                    Err(rustix::io::Errno::EXIST) => {}
                     Err(e) => return Err(e.into()),
                 }
                 open().map_err(|e| match e {
@@ -93,10 +107,11 @@ impl SafeDir {
             }
             Err(e) => return Err(e.into()),
         };
-        Ok(SafeDir {
+        let dir = SafeDir {
             fd: Arc::new(fd),
             path,
-        })
+        };
+        Ok((dir, created))
     }
 
     /// The directory at `components` below this one (see [`SafeDir::child`]).

@@ -42,6 +42,108 @@ fn place(spool: SpoolFile, dir: &SafeDir, name: &str) -> std::io::Result<()> {
     dir.sync()
 }
 
+/// An I/O error for a second item (`std::io::Error` is not `Clone`).
+fn copy_error(e: &std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), e.to_string())
+}
+
+/// Blocking tasks that write the objects of one [`FsStore::put_many_bytes`] at once (each a
+/// run of consecutive items), and that fsync its directories.
+const PLACING_TASKS: usize = 8;
+
+/// Directories opened by handle during one run of writes, each once: its components, its
+/// handle, the items renamed into it, and whether a directory was created in it (which its
+/// fsync makes durable).
+#[derive(Default)]
+struct Dirs {
+    open: Vec<(Vec<String>, SafeDir, Vec<usize>, bool)>,
+}
+
+impl Dirs {
+    /// The slot of the directory at `components`, opened (and created, as its parents) on
+    /// first use, each parent through its own slot. Blocking.
+    fn slot(&mut self, root: &SafeDir, components: &[String]) -> std::io::Result<usize> {
+        if let Some(i) = self.open.iter().position(|(c, ..)| c == components) {
+            return Ok(i);
+        }
+        let dir = match components.split_last() {
+            Some((last, parent)) => {
+                let p = self.slot(root, parent)?;
+                let (dir, created) = self.open[p].1.child_unsynced(last, true)?;
+                self.open[p].3 |= created;
+                dir
+            }
+            None => root.clone(),
+        };
+        self.open
+            .push((components.to_vec(), dir, Vec::new(), false));
+        Ok(self.open.len() - 1)
+    }
+
+    /// Takes in the directories of another run (whose items start at `offset`).
+    fn merge(&mut self, other: Dirs, offset: usize) {
+        for (components, dir, items, created) in other.open {
+            let items = items.into_iter().map(|i| i + offset);
+            match self.open.iter_mut().find(|(c, ..)| *c == components) {
+                Some((_, _, mine, made)) => {
+                    mine.extend(items);
+                    *made |= created;
+                }
+                None => self.open.push((components, dir, items.collect(), created)),
+            }
+        }
+    }
+
+    /// The directories to fsync, each with the items it makes durable: those renamed into it
+    /// or, when a directory was created in it, every item below it.
+    fn to_sync(&self) -> Vec<(SafeDir, Vec<usize>)> {
+        self.open
+            .iter()
+            .filter(|(_, _, items, created)| *created || !items.is_empty())
+            .map(|(components, dir, items, created)| {
+                let mut covered = items.clone();
+                if *created {
+                    for (c, _, below, _) in &self.open {
+                        if c.len() > components.len() && c.starts_with(components) {
+                            covered.extend(below);
+                        }
+                    }
+                }
+                (dir.clone(), covered)
+            })
+            .collect()
+    }
+}
+
+/// Writes each item of a run to a spool file (the floor checked first), fsyncs it and renames
+/// it into its directory, but does not fsync the directories: they are answered with the
+/// items renamed into each. Blocking.
+fn place_run(
+    root: &SafeDir,
+    spool: &Spool,
+    items: &[(String, Bytes)],
+) -> (Vec<Result<(), BlobError>>, Dirs) {
+    let mut dirs = Dirs::default();
+    let results = items
+        .iter()
+        .enumerate()
+        .map(|(i, (key, bytes))| {
+            let file = spool.file_now("object-")?;
+            let (components, name) = split(key);
+            std::io::Write::write_all(&mut file.file(), bytes)
+                .and_then(|()| file.file().sync_all())
+                .and_then(|()| dirs.slot(root, &components))
+                .and_then(|slot| {
+                    file.rename_into(&dirs.open[slot].1, &name)?;
+                    dirs.open[slot].2.push(i);
+                    Ok(())
+                })
+                .map_err(io("store", key))
+        })
+        .collect();
+    (results, dirs)
+}
+
 impl FsStore {
     pub fn open(root: &Path, min_free_bytes: u64) -> anyhow::Result<Self> {
         let dir = SafeDir::open_root(root, true).map_err(|e| {
@@ -112,23 +214,80 @@ impl FsStore {
         .map_err(io("store", key))?
     }
 
-    /// Writes `bytes` at `key` durably in one blocking task: a spool file written, then put in
-    /// place as [`FsStore::put_file`] does.
+    /// Writes `bytes` at `key` durably in one blocking task ([`FsStore::put_many_bytes`] of
+    /// one).
     pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
-        let root = self.root.clone();
-        let spool = self.spool.clone();
-        let owned = key.to_string();
-        blocking(move || {
-            Ok(spool.file_now("object-").and_then(|file| {
-                let (dirs, name) = split(&owned);
-                std::io::Write::write_all(&mut file.file(), &bytes)
-                    .and_then(|()| root.descend(dirs.iter().map(String::as_str), true))
-                    .and_then(|dir| place(file, &dir, &name))
-                    .map_err(io("store", &owned))
-            }))
-        })
-        .await
-        .map_err(io("store", key))?
+        let mut results = self.put_many_bytes(vec![(key.to_string(), bytes)]).await;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(io("store", key)(ErrorKind::Other.into())))
+    }
+
+    /// Writes each `(key, bytes)` durably: runs of consecutive items in [`PLACING_TASKS`]
+    /// blocking tasks at once, each object written to a spool file (the floor checked before
+    /// each), fsynced and renamed into place; then every directory that took one fsynced once. One result per item, in order; an item
+    /// that fails leaves nothing at its key and does not fail the others (a directory whose
+    /// fsync fails fails the items renamed into it).
+    pub async fn put_many_bytes(&self, items: Vec<(String, Bytes)>) -> Vec<Result<(), BlobError>> {
+        use futures_util::future::join_all;
+        let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
+        let failed = |e: &std::io::Error, key: &str| Err(io("store", key)(copy_error(e)));
+        // Runs of consecutive items, written at once.
+        let run = keys.len().div_ceil(PLACING_TASKS).max(1);
+        let mut runs = Vec::new();
+        let mut rest = items;
+        while !rest.is_empty() {
+            let tail = rest.split_off(run.min(rest.len()));
+            runs.push(std::mem::replace(&mut rest, tail));
+        }
+        let placed = join_all(runs.into_iter().map(|run| {
+            let (root, spool) = (self.root.clone(), self.spool.clone());
+            let len = run.len();
+            async move {
+                (
+                    len,
+                    blocking(move || Ok(place_run(&root, &spool, &run))).await,
+                )
+            }
+        }))
+        .await;
+        let mut results = Vec::with_capacity(keys.len());
+        let mut dirs = Dirs::default();
+        for (len, run) in placed {
+            let offset = results.len();
+            match run {
+                Ok((r, d)) => {
+                    results.extend(r);
+                    dirs.merge(d, offset);
+                }
+                Err(e) => results.extend(keys[offset..offset + len].iter().map(|k| failed(&e, k))),
+            }
+        }
+        // Each directory once, after every name renamed into it.
+        let to_sync = dirs.to_sync();
+        let per_task = to_sync.len().div_ceil(PLACING_TASKS).max(1);
+        let synced = join_all(to_sync.chunks(per_task).map(|chunk| {
+            let chunk = chunk.to_vec();
+            let all: Vec<usize> = chunk.iter().flat_map(|(_, i)| i.clone()).collect();
+            async move {
+                let unsynced = blocking(move || {
+                    Ok(chunk
+                        .into_iter()
+                        .filter_map(|(dir, items)| dir.sync().err().map(|e| (e, items)))
+                        .collect::<Vec<_>>())
+                })
+                .await;
+                // The task itself failed: none of its directories is known to be synced.
+                unsynced.unwrap_or_else(|e| vec![(e, all)])
+            }
+        }))
+        .await;
+        for (e, items) in synced.into_iter().flatten() {
+            for i in items {
+                results[i] = failed(&e, &keys[i]);
+            }
+        }
+        results
     }
 
     pub async fn get(
@@ -307,5 +466,92 @@ mod tests {
         assert!(matches!(refused, BlobError::Full { .. }), "{refused}");
         assert!(!root.path().join("a/b/other").exists());
         assert_eq!(spooled(root.path()), 0);
+    }
+
+    #[tokio::test]
+    async fn many_objects_are_written_together_each_failing_alone() {
+        let root = tempfile::tempdir().expect("dir");
+        let outside = tempfile::tempdir().expect("dir");
+        std::os::unix::fs::symlink(outside.path(), root.path().join("esc")).expect("link");
+        // Existing and new directories, two objects in one directory, one key through a link
+        // and one whose name is not a plain component, between good ones.
+        std::fs::create_dir_all(root.path().join("a/b")).expect("mkdir");
+        let store = FsStore::open(root.path(), 0).expect("store");
+        let items: Vec<(String, Bytes)> = [
+            ("a/b/one", "1"),
+            ("esc/two", "2"),
+            ("a/c/three", "3"),
+            ("a/b/four", "4"),
+            ("a/b/..", "5"),
+            ("d/e/f/six", "6"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), Bytes::from(v.repeat(1000))))
+        .collect();
+        let results = store.put_many_bytes(items.clone()).await;
+        assert_eq!(results.len(), items.len());
+        for ((key, bytes), result) in items.iter().zip(&results) {
+            if key.starts_with("esc/") || key.ends_with("..") {
+                let e = result.as_ref().expect_err(key);
+                assert!(matches!(e, BlobError::Io { op: "store", .. }), "{e}");
+            } else {
+                result.as_ref().expect(key);
+                let read = std::fs::read(root.path().join(key)).expect(key);
+                assert_eq!(read, bytes.as_ref(), "{key}");
+            }
+        }
+        assert_eq!(std::fs::read_dir(outside.path()).expect("list").count(), 0);
+        assert_eq!(spooled(root.path()), 0);
+
+        // Below the floor every item is refused and nothing is written.
+        let full = FsStore::open(root.path(), u64::MAX).expect("store");
+        let results = full
+            .put_many_bytes(vec![
+                ("g/one".to_string(), Bytes::from_static(b"1")),
+                ("g/two".to_string(), Bytes::from_static(b"2")),
+            ])
+            .await;
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Err(BlobError::Full { .. }))),
+            "{results:?}"
+        );
+        assert!(!root.path().join("g").exists());
+        assert_eq!(spooled(root.path()), 0);
+        assert!(full.put_many_bytes(Vec::new()).await.is_empty());
+    }
+
+    #[test]
+    fn a_created_directory_is_synced_with_everything_below_it() {
+        let root = tempfile::tempdir().expect("dir");
+        std::fs::create_dir(root.path().join("a")).expect("mkdir");
+        let root = SafeDir::open_root(root.path(), false).expect("root");
+        let path = |p: &str| p.split('/').map(str::to_string).collect::<Vec<_>>();
+        let mut dirs = Dirs::default();
+        for (i, p) in ["a/b", "a/b", "a/c/d", "a"].iter().enumerate() {
+            let slot = dirs.slot(&root, &path(p)).expect("slot");
+            dirs.open[slot].2.push(i);
+        }
+        let mut synced: Vec<(String, Vec<usize>)> = dirs
+            .to_sync()
+            .into_iter()
+            .map(|(d, mut items)| {
+                items.sort_unstable();
+                (d.path().display().to_string(), items)
+            })
+            .collect();
+        synced.sort();
+        let root_path = root.path().display().to_string();
+        // `a` existed: the root is not synced; `b` and `c` were created in `a`, `d` in `c`.
+        assert_eq!(
+            synced,
+            vec![
+                (format!("{root_path}/a"), vec![0, 1, 2, 3]),
+                (format!("{root_path}/a/b"), vec![0, 1]),
+                (format!("{root_path}/a/c"), vec![2]),
+                (format!("{root_path}/a/c/d"), vec![2]),
+            ]
+        );
     }
 }

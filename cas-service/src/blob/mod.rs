@@ -36,6 +36,9 @@ pub use spool::Spool;
 
 use crate::config::Config;
 
+/// PUTs of one [`BlobStore::put_many_bytes`] in flight at once on S3.
+const PUTS_AT_ONCE: usize = 8;
+
 /// A readable object body.
 pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
 
@@ -372,6 +375,37 @@ impl BlobStore {
             }
         })
         .await
+    }
+
+    /// Stores each `(key, bytes)`; one result per item, in order, each item failing alone. On
+    /// the filesystem a few blocking tasks write, fsync and rename them, then each directory
+    /// that took one is fsynced once (one `put_many` request of the metrics); on S3 each is
+    /// the body of its own PUT, [`PUTS_AT_ONCE`] at a time.
+    pub async fn put_many_bytes(&self, items: Vec<(String, Bytes)>) -> Vec<Result<(), BlobError>> {
+        use futures_util::StreamExt;
+        match &self.backend {
+            Backend::Fs(fs) => {
+                let started = Instant::now();
+                let results = fs.put_many_bytes(items).await;
+                if let Some(o) = &self.observer
+                    && !results.is_empty()
+                {
+                    o(
+                        "put_many",
+                        results.iter().all(Result::is_ok),
+                        started.elapsed(),
+                    );
+                }
+                results
+            }
+            Backend::S3(_) => {
+                futures_util::stream::iter(items)
+                    .map(|(key, bytes)| async move { self.put_bytes(&key, bytes).await })
+                    .buffered(PUTS_AT_ONCE)
+                    .collect()
+                    .await
+            }
+        }
     }
 
     /// The object at `key`, or `None` if there is none. With `range`, bytes `start..end`.

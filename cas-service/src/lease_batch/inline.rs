@@ -130,9 +130,10 @@ impl Service {
         answers
     }
 
-    /// Writes the objects of staged inline nodes, concurrently; answers those that failed
-    /// (each with its own error: a full disk is a 507, a failing store a 503) and returns the
-    /// others.
+    /// Writes the objects of staged inline nodes: each encoded (concurrently), then all of them
+    /// written together (on the filesystem by one task, each directory fsynced once); answers
+    /// those that failed (each with its own error: a full disk is a 507, a failing store a
+    /// 503) and returns the others.
     async fn write_inline_all(
         &self,
         app: &AppId,
@@ -140,30 +141,42 @@ impl Service {
         staged: Vec<Staged>,
         answers: &mut Answers,
     ) -> Vec<Staged> {
-        let results: Vec<Result<Staged, (usize, ApiError)>> = futures_util::stream::iter(staged)
-            .map(|mut s| async move {
-                match self.write_inline(app, space, &s).await {
-                    Ok(object) => {
-                        s.object = Some(object);
-                        Ok(s)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written");
-                        Err((s.node.index, e))
-                    }
-                }
+        let encoded: Vec<(Staged, ApiResult<_>)> = futures_util::stream::iter(staged)
+            .map(|s| async move {
+                let encoded = self.encode_staged(app, space, &s).await;
+                (s, encoded)
             })
             .buffer_unordered(ELEMENT_CONCURRENCY)
             .collect()
             .await;
-        let mut written = Vec::new();
-        for r in results {
-            match r {
-                Ok(s) => written.push(s),
-                Err((index, e)) => answers.push((index, Err(e))),
+        let failed = |answers: &mut Answers, s: Staged, e: ApiError| {
+            tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written");
+            answers.push((s.node.index, Err(e)));
+        };
+        let mut ready: Vec<Option<Staged>> = Vec::new();
+        let (mut objects, mut owners) = (Vec::new(), Vec::new());
+        for (mut s, encoded) in encoded {
+            match encoded {
+                Ok((stored, object)) => {
+                    s.object = Some(stored);
+                    if let Some(object) = object {
+                        objects.push(object);
+                        owners.push(ready.len());
+                    }
+                    ready.push(Some(s));
+                }
+                Err(e) => failed(answers, s, e),
             }
         }
-        written
+        let written = self.put_many_bytes(objects).await;
+        for (owner, result) in owners.into_iter().zip(written) {
+            if let Err(e) = result
+                && let Some(s) = ready[owner].take()
+            {
+                failed(answers, s, e);
+            }
+        }
+        ready.into_iter().flatten().collect()
     }
 
     /// The first operation: extends the leases of nodes already stored and records a validated
@@ -273,21 +286,21 @@ impl Service {
         Ok(staged)
     }
 
-    /// Writes an inline node's object at its generation's key: the own content, which is the
-    /// tail of the portable bytes validated before.
-    async fn write_inline(
+    /// An inline node's stored form ([`Service::encode_inline`]): its own content, which is
+    /// the tail of the portable bytes validated before, and the object to write, if any.
+    async fn encode_staged(
         &self,
         app: &AppId,
         space: &SpaceId,
         s: &Staged,
-    ) -> ApiResult<StoredObject> {
+    ) -> ApiResult<(StoredObject, Option<(String, Bytes)>)> {
         let bytes = &s.node.bytes;
         let size = s.node.evidence.content_size as u64;
         let start = bytes.len().checked_sub(size as usize).ok_or_else(|| {
             ApiError::internal("spooling an inline node", "its content outgrows its bytes")
         })?;
         let own = bytes.slice(start..);
-        self.write_content(app, space, &s.generation, own, s.node.element.delta_base)
+        self.encode_inline(app, space, &s.generation, own, s.node.element.delta_base)
             .await
     }
 
