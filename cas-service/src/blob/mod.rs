@@ -387,15 +387,7 @@ impl BlobStore {
             Backend::Fs(fs) => {
                 let started = Instant::now();
                 let results = fs.put_many_bytes(items).await;
-                if let Some(o) = &self.observer
-                    && !results.is_empty()
-                {
-                    o(
-                        "put_many",
-                        results.iter().all(Result::is_ok),
-                        started.elapsed(),
-                    );
-                }
+                self.observe_many("put_many", &results, started);
                 results
             }
             Backend::S3(_) => {
@@ -442,16 +434,27 @@ impl BlobStore {
             Backend::Fs(fs) => fs.delete_many(keys).await,
             Backend::S3(s3) => s3.delete_many(keys).await,
         };
+        self.observe_many("delete_many", &results, started);
+        results
+    }
+
+    /// Reports one request over many objects (none when there were none): `ok` when every
+    /// object's was.
+    fn observe_many(
+        &self,
+        operation: &'static str,
+        results: &[Result<(), BlobError>],
+        started: Instant,
+    ) {
         if let Some(o) = &self.observer
-            && !keys.is_empty()
+            && !results.is_empty()
         {
             o(
-                "delete_many",
+                operation,
                 results.iter().all(Result::is_ok),
                 started.elapsed(),
             );
         }
-        results
     }
 
     /// Every object under `prefix`.

@@ -131,7 +131,7 @@ impl Service {
     }
 
     /// Writes the objects of staged inline nodes: each encoded (concurrently), then all of them
-    /// written together (on the filesystem by one task, each directory fsynced once); answers
+    /// written together (on the filesystem by a few tasks, each directory fsynced once); answers
     /// those that failed (each with its own error: a full disk is a 507, a failing store a
     /// 503) and returns the others.
     async fn write_inline_all(
