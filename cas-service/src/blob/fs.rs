@@ -144,6 +144,14 @@ fn place_run(
     (results, dirs)
 }
 
+/// fsyncs each directory; answers those whose fsync failed, with the items each was to make
+/// durable. Blocking.
+fn sync_dirs(dirs: Vec<(SafeDir, Vec<usize>)>) -> Vec<(std::io::Error, Vec<usize>)> {
+    dirs.into_iter()
+        .filter_map(|(dir, items)| dir.sync().err().map(|e| (e, items)))
+        .collect()
+}
+
 impl FsStore {
     pub fn open(root: &Path, min_free_bytes: u64) -> anyhow::Result<Self> {
         let dir = SafeDir::open_root(root, true).map_err(|e| {
@@ -225,14 +233,44 @@ impl FsStore {
 
     /// Writes each `(key, bytes)` durably: runs of consecutive items in [`PLACING_TASKS`]
     /// blocking tasks at once, each object written to a spool file (the floor checked before
-    /// each), fsynced and renamed into place; then every directory that took one fsynced once. One result per item, in order; an item
-    /// that fails leaves nothing at its key and does not fail the others (a directory whose
-    /// fsync fails fails the items renamed into it).
+    /// each), fsynced and renamed into place; then every directory that took one fsynced once.
+    /// One result per item, in order; an item that fails leaves nothing at its key and does not
+    /// fail the others (a directory whose fsync fails fails the items renamed into it). A
+    /// single object is placed and its directory fsynced by one blocking task.
     pub async fn put_many_bytes(&self, items: Vec<(String, Bytes)>) -> Vec<Result<(), BlobError>> {
-        use futures_util::future::join_all;
         let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
         let failed = |e: &std::io::Error, key: &str| Err(io("store", key)(copy_error(e)));
-        // Runs of consecutive items, written at once.
+        let (mut results, unsynced) = if items.len() <= 1 {
+            let (root, spool) = (self.root.clone(), self.spool.clone());
+            let placed = blocking(move || {
+                let (results, dirs) = place_run(&root, &spool, &items);
+                Ok((results, sync_dirs(dirs.to_sync())))
+            })
+            .await;
+            placed.unwrap_or_else(|e| (keys.iter().map(|k| failed(&e, k)).collect(), Vec::new()))
+        } else {
+            self.place_runs(items, &keys).await
+        };
+        for (e, items) in unsynced {
+            for i in items {
+                results[i] = failed(&e, &keys[i]);
+            }
+        }
+        results
+    }
+
+    /// The runs of [`FsStore::put_many_bytes`], [`PLACING_TASKS`] at once, then their
+    /// directories, each once: the results, and the directories whose fsync failed with the
+    /// items each was to make durable.
+    async fn place_runs(
+        &self,
+        items: Vec<(String, Bytes)>,
+        keys: &[String],
+    ) -> (
+        Vec<Result<(), BlobError>>,
+        Vec<(std::io::Error, Vec<usize>)>,
+    ) {
+        use futures_util::future::join_all;
         let run = keys.len().div_ceil(PLACING_TASKS).max(1);
         let mut runs = Vec::new();
         let mut rest = items;
@@ -260,34 +298,28 @@ impl FsStore {
                     results.extend(r);
                     dirs.merge(d, offset);
                 }
-                Err(e) => results.extend(keys[offset..offset + len].iter().map(|k| failed(&e, k))),
+                Err(e) => results.extend(
+                    keys[offset..offset + len]
+                        .iter()
+                        .map(|k| Err(io("store", k)(copy_error(&e)))),
+                ),
             }
         }
         // Each directory once, after every name renamed into it.
         let to_sync = dirs.to_sync();
         let per_task = to_sync.len().div_ceil(PLACING_TASKS).max(1);
-        let synced = join_all(to_sync.chunks(per_task).map(|chunk| {
+        let unsynced = join_all(to_sync.chunks(per_task).map(|chunk| {
             let chunk = chunk.to_vec();
             let all: Vec<usize> = chunk.iter().flat_map(|(_, i)| i.clone()).collect();
             async move {
-                let unsynced = blocking(move || {
-                    Ok(chunk
-                        .into_iter()
-                        .filter_map(|(dir, items)| dir.sync().err().map(|e| (e, items)))
-                        .collect::<Vec<_>>())
-                })
-                .await;
                 // The task itself failed: none of its directories is known to be synced.
-                unsynced.unwrap_or_else(|e| vec![(e, all)])
+                blocking(move || Ok(sync_dirs(chunk)))
+                    .await
+                    .unwrap_or_else(|e| vec![(e, all)])
             }
         }))
         .await;
-        for (e, items) in synced.into_iter().flatten() {
-            for i in items {
-                results[i] = failed(&e, &keys[i]);
-            }
-        }
-        results
+        (results, unsynced.into_iter().flatten().collect())
     }
 
     pub async fn get(
