@@ -47,6 +47,11 @@ fn copy_error(e: &std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), e.to_string())
 }
 
+/// The result of an item of [`FsStore::put_many_bytes`] that `e` failed.
+fn store_failed(e: &std::io::Error, key: &str) -> Result<(), BlobError> {
+    Err(io("store", key)(copy_error(e)))
+}
+
 /// Blocking tasks that write the objects of one [`FsStore::put_many_bytes`] at once (each a
 /// run of consecutive items), and that fsync its directories.
 const PLACING_TASKS: usize = 8;
@@ -239,7 +244,6 @@ impl FsStore {
     /// single object is placed and its directory fsynced by one blocking task.
     pub async fn put_many_bytes(&self, items: Vec<(String, Bytes)>) -> Vec<Result<(), BlobError>> {
         let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
-        let failed = |e: &std::io::Error, key: &str| Err(io("store", key)(copy_error(e)));
         let (mut results, unsynced) = if items.len() <= 1 {
             let (root, spool) = (self.root.clone(), self.spool.clone());
             let placed = blocking(move || {
@@ -247,13 +251,16 @@ impl FsStore {
                 Ok((results, sync_dirs(dirs.to_sync())))
             })
             .await;
-            placed.unwrap_or_else(|e| (keys.iter().map(|k| failed(&e, k)).collect(), Vec::new()))
+            placed.unwrap_or_else(|e| {
+                let failed = keys.iter().map(|k| store_failed(&e, k)).collect();
+                (failed, Vec::new())
+            })
         } else {
             self.place_runs(items, &keys).await
         };
         for (e, items) in unsynced {
             for i in items {
-                results[i] = failed(&e, &keys[i]);
+                results[i] = store_failed(&e, &keys[i]);
             }
         }
         results
@@ -301,7 +308,7 @@ impl FsStore {
                 Err(e) => results.extend(
                     keys[offset..offset + len]
                         .iter()
-                        .map(|k| Err(io("store", k)(copy_error(&e)))),
+                        .map(|k| store_failed(&e, k)),
                 ),
             }
         }
