@@ -6,7 +6,7 @@ use bytes::Bytes;
 use cas_format::SpaceId;
 use cas_format::wire::{
     BATCH_LEASE_BINARY, BatchLeaseElement, BatchLeaseRequest, BatchLeaseResponse, BatchLeaseResult,
-    batch_body,
+    batch_body_head,
 };
 use reqwest::Method;
 
@@ -25,7 +25,7 @@ impl AppCasClient {
         let n = leases.len();
         let body = serde_json::to_vec(&BatchLeaseRequest { leases })
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.lease_batch_body(space, n, body, "application/json")
+        self.lease_batch_parts(space, n, vec![Bytes::from(body)], "application/json")
             .await
     }
 
@@ -49,21 +49,27 @@ impl AppCasClient {
         let n = elements.len();
         let json = serde_json::to_vec(&BatchLeaseRequest { leases: elements })
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        let body = batch_body(&json, &nodes).map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.lease_batch_body(space, n, body, BATCH_LEASE_BINARY)
+        let head = batch_body_head(&json).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        // The nodes follow the head as parts of their own: no byte of them is copied into
+        // one buffer before it is sent.
+        let mut parts = Vec::with_capacity(1 + nodes.len());
+        parts.push(Bytes::from(head));
+        parts.extend(nodes);
+        self.lease_batch_parts(space, n, parts, BATCH_LEASE_BINARY)
             .await
     }
 
-    /// Sends a batch lease body of `n` elements; its `n` results, in order.
-    async fn lease_batch_body(
+    /// Sends a batch lease body of `n` elements, in `parts` sent one after the other; its `n`
+    /// results, in order.
+    async fn lease_batch_parts(
         &self,
         space: &SpaceId,
         n: usize,
-        body: Vec<u8>,
+        parts: Vec<Bytes>,
         media_type: &'static str,
     ) -> Result<Vec<BatchLeaseResult>, ClientError> {
         let call = Call::new(Method::POST, "/v1/cas/leases", space, perm::LEASE)
-            .typed_body(body, media_type);
+            .body_parts(parts, media_type);
         let answer: BatchLeaseResponse = self.json(call).await?;
         if answer.results.len() != n {
             return Err(ClientError::Protocol(format!(

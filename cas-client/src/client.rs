@@ -104,8 +104,9 @@ pub(crate) struct Call<'a> {
     space: &'a SpaceId,
     permissions: &'static [&'static str],
     query: &'a [(&'static str, String)],
-    /// The body and its media type (a clone of `Bytes` per attempt copies nothing).
-    body: Option<(Bytes, &'static str)>,
+    /// The body, in parts sent one after the other, and its media type (a clone of `Bytes`
+    /// per attempt copies nothing).
+    body: Option<(Vec<Bytes>, &'static str)>,
     headers: &'a [(reqwest::header::HeaderName, String)],
 }
 
@@ -136,8 +137,13 @@ impl<'a> Call<'a> {
         self.typed_body(body, "application/json")
     }
 
-    pub(crate) fn typed_body(mut self, body: Vec<u8>, media_type: &'static str) -> Self {
-        self.body = Some((Bytes::from(body), media_type));
+    pub(crate) fn typed_body(self, body: Vec<u8>, media_type: &'static str) -> Self {
+        self.body_parts(vec![Bytes::from(body)], media_type)
+    }
+
+    /// A body sent in `parts`, one after the other, never joined in memory.
+    pub(crate) fn body_parts(mut self, parts: Vec<Bytes>, media_type: &'static str) -> Self {
+        self.body = Some((parts, media_type));
         self
     }
 
@@ -326,10 +332,20 @@ impl AppCasClient {
         for (k, v) in call.headers {
             req = req.header(k, v);
         }
-        if let Some((body, media_type)) = &call.body {
-            req = req
-                .header(reqwest::header::CONTENT_TYPE, *media_type)
-                .body(body.clone());
+        if let Some((parts, media_type)) = &call.body {
+            req = req.header(reqwest::header::CONTENT_TYPE, *media_type);
+            req = match parts.as_slice() {
+                [one] => req.body(one.clone()),
+                _ => {
+                    // Sent with its length: the parts are written as they are (vectored),
+                    // not copied into one buffer.
+                    let len: usize = parts.iter().map(Bytes::len).sum();
+                    let parts = parts.clone().into_iter().map(Ok::<_, std::io::Error>);
+                    req.header(reqwest::header::CONTENT_LENGTH, len).body(
+                        reqwest::Body::wrap_stream(futures_util::stream::iter(parts)),
+                    )
+                }
+            };
         }
         let resp = req.send().await?;
         if resp.status().is_success() {

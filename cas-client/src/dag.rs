@@ -19,7 +19,6 @@ use bytes::Bytes;
 use cas_format::wire::LeaseResponse;
 use cas_format::{ContentType, Hash, NodeDescriptor, NodeLimits, SpaceId, decode_portable};
 use futures_util::future::{BoxFuture, try_join_all};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{OnceCell, Semaphore};
 
 use crate::client::AppCasClient;
@@ -354,7 +353,8 @@ impl<'a> Uploader<'a> {
 }
 
 /// The portable bytes of a planned node, checked against its hash (a file may have changed
-/// since it was planned).
+/// since it was planned). A file's bytes are read by one blocking task: opened, its stamp
+/// compared, and the slice read straight into the node's buffer.
 pub(crate) async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes, ClientError> {
     match source {
         Source::Portable(b) => Ok(b.clone()),
@@ -364,59 +364,66 @@ pub(crate) async fn portable_bytes(hash: &Hash, source: &Source) -> Result<Bytes
             len,
             stamp,
         } => {
-            let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
-            let mut file = tokio::fs::File::open(path).await.map_err(io)?;
-            // A file that changed since it was planned is refused here, without hashing it
-            // again: the service checks every byte against the hash anyway.
-            if FileStamp::of(&file.metadata().await.map_err(io)?) != *stamp {
-                return Err(ClientError::Invalid(format!(
-                    "{} changed while it was being stored",
-                    path.display()
-                )));
-            }
-            file.seek(std::io::SeekFrom::Start(*offset))
-                .await
-                .map_err(io)?;
-            let mut out = leaf_descriptor(*len)
-                .prefix()
-                .map_err(|e| ClientError::Invalid(e.to_string()))?;
-            let start = out.len();
-            out.reserve_exact(*len as usize);
-            (&mut file)
-                .take(*len)
-                .read_to_end(&mut out)
-                .await
-                .map_err(io)?;
-            if (out.len() - start) as u64 != *len {
-                return Err(ClientError::Invalid(format!(
-                    "{} changed while it was being stored",
-                    path.display()
-                )));
-            }
-            Ok(Bytes::from(out))
+            let (path, offset, len, stamp) = (path.clone(), *offset, *len, *stamp);
+            blocking(move || {
+                let io = |e| ClientError::io(format!("cannot read {}", path.display()), e);
+                let file = File::open(&path).map_err(io)?;
+                // A file that changed since it was planned is refused here, without hashing
+                // it again: the service checks every byte against the hash anyway.
+                let changed = || {
+                    ClientError::Invalid(format!(
+                        "{} changed while it was being stored",
+                        path.display()
+                    ))
+                };
+                if FileStamp::of(&file.metadata().map_err(io)?) != stamp {
+                    return Err(changed());
+                }
+                read_leaf(&file, offset, len).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => changed(),
+                    _ => io(e),
+                })
+            })
+            .await
         }
         Source::Spooled { file, offset, len } => {
             let (file, offset, len, hash) = (file.clone(), *offset, *len, *hash);
-            tokio::task::spawn_blocking(move || {
-                use std::os::unix::fs::FileExt;
-                let mut out = leaf_descriptor(len)
-                    .prefix()
-                    .map_err(|e| ClientError::Invalid(e.to_string()))?;
-                let start = out.len();
-                out.resize(start + len as usize, 0);
-                file.read_exact_at(&mut out[start..], offset)
+            blocking(move || {
+                let out = read_leaf(&file, offset, len)
                     .map_err(|e| ClientError::io("cannot read the spool file", e))?;
                 if Hash::digest(&out) != hash {
                     return Err(ClientError::Invalid(
                         "the spool file changed while it was being stored".into(),
                     ));
                 }
-                Ok(Bytes::from(out))
+                Ok(out)
             })
             .await
-            .map_err(|e| ClientError::Invalid(format!("reading the spool failed: {e}")))?
         }
     }
+}
+
+/// The portable bytes of the leaf whose content is the `len` bytes of `file` at `offset`,
+/// read through the handle into the buffer that holds them (an end of file before them is
+/// [`std::io::ErrorKind::UnexpectedEof`]).
+fn read_leaf(file: &File, offset: u64, len: u64) -> std::io::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let mut out = leaf_descriptor(len)
+        .prefix()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let start = out.len();
+    out.resize(start + len as usize, 0);
+    file.read_exact_at(&mut out[start..], offset)?;
+    Ok(Bytes::from(out))
+}
+
+/// Runs `read` on a blocking thread.
+async fn blocking(
+    read: impl FnOnce() -> Result<Bytes, ClientError> + Send + 'static,
+) -> Result<Bytes, ClientError> {
+    tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| ClientError::Invalid(format!("reading a node failed: {e}")))?
 }
 
 impl AppCasClient {
@@ -465,5 +472,38 @@ mod tests {
             e.to_string().contains("changed while it was being stored"),
             "{e}"
         );
+    }
+
+    /// Every leaf of a file planned in chunks is read back from its offset as the node its
+    /// hash names, from the file and from a spool of the same bytes.
+    #[tokio::test]
+    async fn leaves_at_offsets_are_read_back_as_their_nodes() {
+        use rand::{RngCore, SeedableRng};
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("f");
+        let mut data = vec![0u8; 9 << 20];
+        rand::rngs::StdRng::seed_from_u64(3).fill_bytes(&mut data);
+        std::fs::write(&path, &data).expect("write");
+        let mut plan = Plan::default();
+        let file = crate::files::plan_file(&mut plan, &path).expect("plan");
+        assert!(file.chunked);
+        let spool = Arc::new(File::open(&path).expect("open"));
+        let mut spooled = Plan::default();
+        let again = crate::files::plan_spooled(&mut spooled, &spool, 0, data.len() as u64)
+            .expect("plan the spool");
+        assert_eq!(again.node, file.node);
+        let mut leaves = 0;
+        for p in [&plan, &spooled] {
+            for (hash, node) in &p.nodes {
+                if matches!(node.source, Source::Portable(_)) {
+                    continue;
+                }
+                let bytes = portable_bytes(hash, &node.source).await.expect("read");
+                assert_eq!(Hash::digest(&bytes), *hash);
+                assert_eq!(bytes.len() as u64, node.portable_len);
+                leaves += 1;
+            }
+        }
+        assert!(leaves >= 6, "{leaves} leaves");
     }
 }

@@ -192,15 +192,22 @@ pub struct BatchLeaseRequest {
 /// bytes, big-endian, then the elements' portable nodes back to back, in element order. Inline
 /// nodes then travel without base64 or JSON escaping, each byte copied once.
 pub fn batch_body(json: &[u8], nodes: &[impl AsRef<[u8]>]) -> Result<Vec<u8>, BatchBodyError> {
-    let said = u32::try_from(json.len()).map_err(|_| BatchBodyError::JsonTooLong(json.len()))?;
-    let len = 4 + json.len() + nodes.iter().map(|n| n.as_ref().len()).sum::<usize>();
-    let mut body = Vec::with_capacity(len);
-    body.extend_from_slice(&said.to_be_bytes());
-    body.extend_from_slice(json);
+    let mut body = batch_body_head(json)?;
+    body.reserve_exact(nodes.iter().map(|n| n.as_ref().len()).sum::<usize>());
     for n in nodes {
         body.extend_from_slice(n.as_ref());
     }
     Ok(body)
+}
+
+/// The start of a [`batch_body`]: the JSON's length and the JSON, which the nodes follow (a
+/// client may send them as parts of their own, without copying them into one buffer).
+pub fn batch_body_head(json: &[u8]) -> Result<Vec<u8>, BatchBodyError> {
+    let said = u32::try_from(json.len()).map_err(|_| BatchBodyError::JsonTooLong(json.len()))?;
+    let mut head = Vec::with_capacity(4 + json.len());
+    head.extend_from_slice(&said.to_be_bytes());
+    head.extend_from_slice(json);
+    Ok(head)
 }
 
 /// Why a binary batch lease body cannot be split.
