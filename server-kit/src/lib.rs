@@ -17,6 +17,19 @@ pub mod wal_sync;
 pub mod web_auth;
 pub mod web_guard;
 
+/// Makes jemalloc the global allocator of the server binary that calls it at its top level
+/// (`unicas-server`, `unicas-hub` and their test builds; the binary depends on
+/// `tikv-jemallocator` itself, so that no other program linking this crate takes it): a
+/// server's requests allocate and free many small buffers across threads (see
+/// ARCHITECTURE.md, "The allocator").
+#[macro_export]
+macro_rules! server_allocator {
+    () => {
+        #[global_allocator]
+        static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+    };
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
