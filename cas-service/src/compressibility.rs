@@ -7,8 +7,12 @@
 
 use std::sync::Mutex;
 
-/// Content up to this size is simply compressed (a sample would cost about as much).
-const SAMPLED_ABOVE: usize = 64 << 10;
+/// Content up to this size is simply compressed (a sample would cost about as much). Above
+/// it, the sample is 8 pieces of at least 256 bytes: enough for text, code and JSON to show
+/// that they compress, while a small node that does not (an image, random bytes) costs an
+/// eighth of its compression; with the contexts kept, that saving is no longer eaten by
+/// setting a context up.
+const SAMPLED_ABOVE: usize = 16 << 10;
 /// Pieces of the sample, spread evenly over the content.
 const PIECES: usize = 8;
 /// Most bytes of each piece: a sample is an eighth of its content, up to eight of these.
@@ -126,6 +130,21 @@ mod tests {
             ranges.iter().map(|r| r.len()).sum::<usize>(),
             small / 64 * 8
         );
+        // Cells of a notebook, each line different: a sample of 256-byte pieces still shows
+        // that they compress (to about a third, as a whole).
+        let cells: Vec<u8> = (0..2000)
+            .flat_map(|i| {
+                format!(
+                    "@app.cell\ndef _(mo):\n    s{i} = mo.ui.slider(0, {})\n    return (s{i},)\n\n",
+                    i * 37 % 1009
+                )
+                .into_bytes()
+            })
+            .collect();
+        for len in [small, 40 << 10, 64 << 10] {
+            assert!(worth_compressing(&cells[..len], 3), "{len}");
+            assert!(compress(&cells[..len], 3).unwrap().len() < len / 3);
+        }
         let large: Vec<_> = sample_ranges(64 << 20).unwrap().collect();
         assert!(large.iter().all(|r| r.len() == MAX_PIECE));
     }
