@@ -5,7 +5,11 @@
 //! scripts/bench [sqlite-fs|sqlite-s3|postgres-fs|postgres-s3 ...]
 //! scripts/bench tree [backend [notebooks|mixed]]  # tree put and get of a 38 MB and a 300 MB
 //!                                                 # tree (or one of them) beside cp -r + sync
+//! scripts/bench root-refs [backend ...]           # the baseline and root-ref updates only
 //! ```
+//!
+//! `UNICAS_BENCH_PHASE_SECS` sets how long each throughput phase runs (4 s by default): longer
+//! phases for a profile or the database's statistics of one phase.
 //!
 //! For each backend it starts a real server and reports:
 //! - ready-lease renewals per second (15-minute claims, renewed continuously: most are answered
@@ -40,11 +44,24 @@ use cpu::CpuMark;
 use tree::{TreeShape, tree_bench};
 
 const CONCURRENCY: usize = 16;
-const PHASE: Duration = Duration::from_secs(4);
+/// How long a throughput phase runs, unless `UNICAS_BENCH_PHASE_SECS` says otherwise.
+const DEFAULT_PHASE: Duration = Duration::from_secs(4);
 /// Nodes per batch lease in the batched-upload phase.
 const BATCH: usize = 100;
 
-/// Runs `op` from `CONCURRENCY` tasks for `PHASE`; returns completed operations per second.
+/// How long each throughput phase runs.
+fn phase() -> Duration {
+    static PHASE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *PHASE.get_or_init(|| {
+        std::env::var("UNICAS_BENCH_PHASE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|&secs| secs > 0)
+            .map_or(DEFAULT_PHASE, Duration::from_secs)
+    })
+}
+
+/// Runs `op` from `CONCURRENCY` tasks for a phase; returns completed operations per second.
 async fn throughput<F, Fut>(op: F) -> anyhow::Result<f64>
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
@@ -54,7 +71,7 @@ where
     let done = Arc::new(AtomicU64::new(0));
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let deadline = start + PHASE;
+    let deadline = start + phase();
     let mut tasks = Vec::new();
     for _ in 0..CONCURRENCY {
         let (op, done, next) = (op.clone(), done.clone(), next.clone());
@@ -160,7 +177,7 @@ struct Figures {
     rss_peak_mib: f64,
 }
 
-async fn bench(b: Backend) -> anyhow::Result<Figures> {
+async fn bench(b: Backend, scope: Scope) -> anyhow::Result<Figures> {
     let mut env = TestEnv::new(b).await?;
     env.set("UNICAS_NODE_MAX_BYTES", 40 << 20)
         .set("UNICAS_MAX_ACTIVE_UPLOADS", 0)
@@ -175,7 +192,6 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     let mut f = Figures::default();
 
     let http = reqwest::Client::new();
-    let metrics = http.clone();
     let url = format!("{}/healthz", server.url);
     let cpu = CpuMark::take(pid)?;
     f.healthz = throughput(move |_| {
@@ -199,6 +215,10 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     }
     let ready = Arc::new(ready);
     analyze(&env).await?;
+    if scope == Scope::RootRefs {
+        measure_root_refs(&env, &server, &client, &sp, &ready, &mut f).await?;
+        return Ok(f);
+    }
     {
         let (client, sp, ready) = (client.clone(), sp.clone(), ready.clone());
         f.renewals = throughput(move |i| {
@@ -243,18 +263,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
         }
         f.extensions = short.len() as f64 / start.elapsed().as_secs_f64();
     }
-    // Root-ref updates in steady state: a first phase fills the event history (and the
-    // statistics are gathered after it, as autovacuum would), the second is measured.
-    root_ref_updates(&client, &sp, &ready, "warm").await?;
-    analyze(&env).await?;
-    let before = Commits::read(&metrics, &server.url).await?;
-    let written = tests::proc_written_bytes(pid)?;
-    let cpu = CpuMark::take(pid)?;
-    f.root_refs = root_ref_updates(&client, &sp, &ready, "bench").await?;
-    f.root_ref_cpu = CpuMark::take(pid)?.since(&cpu, f.root_refs, "an operation", "load generator");
-    f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
-    f.root_ref_written =
-        (tests::proc_written_bytes(pid)? - written) as f64 / (f.root_refs * PHASE.as_secs_f64());
+    measure_root_refs(&env, &server, &client, &sp, &ready, &mut f).await?;
     {
         let (client, sp) = (client.clone(), sp.clone());
         f.uploads = throughput(move |i| {
@@ -306,7 +315,7 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
             .await?;
     }
     f.batched_written = (tests::proc_written_bytes(pid)? - written) as f64
-        / (f.batched_uploads * PHASE.as_secs_f64());
+        / (f.batched_uploads * phase().as_secs_f64());
     // GC: everything uploaded above with a 1 s lease (the server's minimum in tests).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let start = Instant::now();
@@ -347,6 +356,39 @@ async fn bench(b: Backend) -> anyhow::Result<Figures> {
     }
     f.rss_peak_mib = tests::proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     Ok(f)
+}
+
+/// What a run of the service bench measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Everything,
+    /// The baseline and root-ref updates (over the ready nodes alone).
+    RootRefs,
+}
+
+/// Root-ref updates in steady state: a first phase fills the event history (and the
+/// statistics are gathered after it, as autovacuum would), the second is measured, with the
+/// CPU it cost, its commits and (on SQLite) the bytes the server wrote.
+async fn measure_root_refs(
+    env: &TestEnv,
+    server: &tests::Server,
+    client: &AppCasClient,
+    sp: &SpaceId,
+    ready: &Arc<Vec<Hash>>,
+    f: &mut Figures,
+) -> anyhow::Result<()> {
+    let (pid, metrics) = (server.pid(), reqwest::Client::new());
+    root_ref_updates(client, sp, ready, "warm").await?;
+    analyze(env).await?;
+    let before = Commits::read(&metrics, &server.url).await?;
+    let written = tests::proc_written_bytes(pid)?;
+    let cpu = CpuMark::take(pid)?;
+    f.root_refs = root_ref_updates(client, sp, ready, "bench").await?;
+    f.root_ref_cpu = CpuMark::take(pid)?.since(&cpu, f.root_refs, "an operation", "load generator");
+    f.root_ref_commits = Commits::read(&metrics, &server.url).await?.since(&before);
+    f.root_ref_written =
+        (tests::proc_written_bytes(pid)? - written) as f64 / (f.root_refs * phase().as_secs_f64());
+    Ok(())
 }
 
 /// Root-ref updates of 10 changes each over `ready`, request ids `{prefix}:{i}`, for one
@@ -439,7 +481,7 @@ async fn durable_commits(env: &TestEnv) -> anyhow::Result<f64> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args()
+    let mut args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
@@ -460,6 +502,12 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let scope = if args.first().map(String::as_str) == Some("root-refs") {
+        args.remove(0);
+        Scope::RootRefs
+    } else {
+        Scope::Everything
+    };
     let backends: Vec<Backend> = if args.is_empty() {
         vec![Backend::SQLITE_FS]
     } else {
@@ -467,9 +515,12 @@ async fn main() -> anyhow::Result<()> {
             .map(|a| parse_backend(a))
             .collect::<anyhow::Result<_>>()?
     };
-    println!("concurrency {CONCURRENCY}, {} s per phase", PHASE.as_secs());
+    println!(
+        "concurrency {CONCURRENCY}, {} s per phase",
+        phase().as_secs()
+    );
     for b in backends {
-        let f = bench(b)
+        let f = bench(b, scope)
             .await
             .with_context(|| format!("backend {}", name(b)))?;
         println!("\n{}", name(b));
@@ -485,6 +536,9 @@ async fn main() -> anyhow::Result<()> {
                 f.batched_uploads,
             ),
         ] {
+            if scope == Scope::RootRefs && !what.starts_with("root-ref") {
+                continue;
+            }
             println!(
                 "  {what:<44} {v:>9.0} /s   {:.3} of baseline",
                 v / f.healthz
@@ -506,6 +560,9 @@ async fn main() -> anyhow::Result<()> {
                     f.batched_written / 1024.0
                 );
             }
+        }
+        if scope == Scope::RootRefs {
+            continue;
         }
         println!("  {:<44} {:>9.0} /s", "GC deletions", f.gc_deletions);
         println!(
