@@ -49,16 +49,24 @@ const DEFAULT_PHASE: Duration = Duration::from_secs(4);
 /// Nodes per batch lease in the batched-upload phase.
 const BATCH: usize = 100;
 
-/// How long each throughput phase runs.
+/// How long each throughput phase runs: [`DEFAULT_PHASE`] unless `main` read another.
+static PHASE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
 fn phase() -> Duration {
-    static PHASE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *PHASE.get_or_init(|| {
-        std::env::var("UNICAS_BENCH_PHASE_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .filter(|&secs| secs > 0)
-            .map_or(DEFAULT_PHASE, Duration::from_secs)
-    })
+    *PHASE.get().unwrap_or(&DEFAULT_PHASE)
+}
+
+/// Reads `UNICAS_BENCH_PHASE_SECS`, if set: a whole number of seconds above zero, or an error
+/// (a figure measured over another length than the one asked for would mislead).
+fn read_phase() -> anyhow::Result<()> {
+    let Ok(v) = std::env::var("UNICAS_BENCH_PHASE_SECS") else {
+        return Ok(());
+    };
+    let secs: u64 = v.parse().ok().filter(|&s| s > 0).with_context(|| {
+        format!("UNICAS_BENCH_PHASE_SECS must be a whole number of seconds above 0, not {v:?}")
+    })?;
+    let _ = PHASE.set(Duration::from_secs(secs));
+    Ok(())
 }
 
 /// Runs `op` from `CONCURRENCY` tasks for a phase; returns completed operations per second.
@@ -481,6 +489,7 @@ async fn durable_commits(env: &TestEnv) -> anyhow::Result<f64> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    read_phase()?;
     let mut args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
