@@ -473,7 +473,7 @@ mod tests {
             lease_started_at: 0,
             lease_expires_at: 0,
             child_ref_count: 0,
-            root_ref_count: 0,
+            rooted: false,
             collecting_since: None,
             delta: base.map(|b| DeltaBase {
                 hash: Hash::digest(&[b]),

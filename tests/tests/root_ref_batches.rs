@@ -296,13 +296,17 @@ async fn root_refs(b: Backend) -> anyhow::Result<()> {
             "{e}"
         );
     }
-    // Overflow: a count at the edge of the JSON-safe range, set directly in the database.
+    // Overflow: a count at the edge of the JSON-safe range, set directly in the database (a
+    // node's count is the sum of its balances).
     let db = env.database().await?;
-    sqlx::query("UPDATE nodes SET root_ref_count = $1 WHERE app_id = 'hub' AND space_id = 'b' AND hash = $2")
-        .bind((1i64 << 53) - 2)
-        .bind(y.as_bytes().to_vec())
-        .execute(&db)
-        .await?;
+    sqlx::query(
+        "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
+         VALUES ('hub', 'b', 'default', $2, $1)",
+    )
+    .bind((1i64 << 53) - 2)
+    .bind(y.as_bytes().to_vec())
+    .execute(&db)
+    .await?;
     let e = client
         .update_root_refs(&sb, &rid("overflow"), BTreeMap::from([(x, 1), (y, 2)]))
         .await

@@ -201,6 +201,10 @@ pub async fn get_metadata(
         .await?;
     let row = svc.ready_node(&q.app_id, &q.space_id, &hash).await?;
     let refs = svc.meta.node_refs(&q.app_id, &q.space_id, &hash).await?;
+    let root_ref_count = svc
+        .meta
+        .root_ref_count(&q.app_id, &q.space_id, &hash)
+        .await?;
     Ok(Json(NodeMetadataResponse {
         metadata: NodeMetadata {
             hash,
@@ -212,7 +216,7 @@ pub async fn get_metadata(
             lease_started_at: row.lease_started_at,
             lease_expires_at: row.lease_expires_at,
             child_ref_count: row.child_ref_count,
-            root_ref_count: row.root_ref_count,
+            root_ref_count,
         },
     }))
 }

@@ -1,5 +1,6 @@
-//! `fsck` of root refs: each domain's balance against the sum of its events, and each node's
-//! count against the sum of its balances over domains and its `rooted` flag against the count.
+//! `fsck` of root refs: each domain's balance against the sum of its events; each node's count
+//! (the sum of its balances over domains) at or above zero, held by a node that has a row, and
+//! agreeing with its `rooted` flag.
 
 use std::collections::BTreeSet;
 
@@ -19,7 +20,6 @@ impl Service {
         let in_scope = |space: &str| opts.space.as_ref().is_none_or(|s| s.as_str() == space);
         let events = self.meta.event_sums(&opts.app).await?;
         let balances = self.meta.current_balances(&opts.app).await?;
-        let nodes = self.meta.node_root_counts(&opts.app).await?;
         // Each domain's balance is the sum of its events.
         let keys: BTreeSet<&(String, RefDomain, Hash)> =
             events.keys().chain(balances.keys()).collect();
@@ -36,19 +36,24 @@ impl Service {
                 );
             }
         }
-        // A node's count is the sum of its balances over domains.
-        let sums = sum_over_domains(&balances);
-        let keys: BTreeSet<&(String, Hash)> = sums.keys().chain(nodes.keys()).collect();
-        for key in keys.into_iter().filter(|k| in_scope(&k.0)) {
-            let b = sums.get(key).copied().unwrap_or(0);
-            let n = nodes.get(key).copied().unwrap_or(0);
-            if b != n {
+        // A node's count, the sum of its balances over domains, is never below zero.
+        for (key, b) in sum_over_domains(&balances) {
+            if b < 0 && in_scope(&key.0) {
                 report.bad(
                     "root-ref-balance",
                     format!(
-                        "{}/{}: the domains' balances sum to {b}, the node counts {n}",
+                        "{}/{}: the domains' balances sum to {b}, below zero",
                         key.0, key.1
                     ),
+                );
+            }
+        }
+        // A referenced node is never collected.
+        for (key, b) in self.meta.root_counts_without_node(&opts.app).await? {
+            if in_scope(&key.0) {
+                report.bad(
+                    "root-ref-balance",
+                    format!("{}/{}: root ref count {b} but no node row", key.0, key.1),
                 );
             }
         }

@@ -167,7 +167,7 @@ impl Service {
             after = Some((last_space.clone(), last.hash));
             for (space, row) in page {
                 report.nodes_checked += 1;
-                if row.child_ref_count < 0 || row.root_ref_count < 0 {
+                if row.child_ref_count < 0 {
                     report.bad(
                         "negative-count",
                         format!("{space}/{}: negative count", row.hash),

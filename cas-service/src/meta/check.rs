@@ -179,27 +179,41 @@ impl MetaStore {
         .collect()
     }
 
-    /// Node root ref counts of an App that are not zero, by (space, hash).
-    pub async fn node_root_counts(
+    /// Root ref counts of an App (each the sum of a node's balances over domains) that are not
+    /// zero although the node has no row: a node collected while referenced.
+    pub async fn root_counts_without_node(
         &self,
         app: &AppId,
     ) -> Result<BTreeMap<(String, Hash), i64>, sqlx::Error> {
-        sqlx::query("SELECT space_id, hash, root_ref_count FROM nodes WHERE app_id = $1 AND root_ref_count <> 0")
-            .bind(app.as_str())
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|r| Ok(((r.try_get("space_id")?, hash_col(r, "hash")?), r.try_get("root_ref_count")?)))
-            .collect()
+        sqlx::query(
+            "SELECT b.space_id, b.hash, CAST(SUM(b.ref_count) AS BIGINT) AS n \
+             FROM root_ref_balances b WHERE b.app_id = $1 AND NOT EXISTS (SELECT 1 FROM nodes n \
+             WHERE n.app_id = b.app_id AND n.space_id = b.space_id AND n.hash = b.hash) \
+             GROUP BY b.space_id, b.hash HAVING SUM(b.ref_count) <> 0",
+        )
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok((
+                (r.try_get("space_id")?, hash_col(r, "hash")?),
+                r.try_get("n")?,
+            ))
+        })
+        .collect()
     }
 
     /// Nodes of an App whose `rooted` flag (what garbage collection reads) disagrees with their
-    /// root ref count: `recorded` is the flag, `counted` the count.
+    /// root ref count, the sum of their balances: `recorded` is the flag, `counted` the count.
     pub async fn rooted_mismatches(&self, app: &AppId) -> Result<Vec<CountMismatch>, sqlx::Error> {
         sqlx::query(
-            "SELECT space_id, hash, CAST(rooted AS BIGINT) AS recorded, \
-             root_ref_count AS counted FROM nodes WHERE app_id = $1 \
-             AND rooted <> CASE WHEN root_ref_count > 0 THEN 1 ELSE 0 END",
+            "SELECT space_id, hash, recorded, counted FROM (SELECT n.space_id, n.hash, \
+             CAST(n.rooted AS BIGINT) AS recorded, (SELECT CAST(COALESCE(SUM(b.ref_count), 0) \
+             AS BIGINT) FROM root_ref_balances b WHERE b.app_id = n.app_id \
+             AND b.space_id = n.space_id AND b.hash = n.hash) AS counted \
+             FROM nodes n WHERE n.app_id = $1) c \
+             WHERE recorded <> CASE WHEN counted > 0 THEN 1 ELSE 0 END",
         )
         .bind(app.as_str())
         .fetch_all(&self.pool)

@@ -61,7 +61,9 @@ impl Partition {
             "SELECT hash, object_gen, size, stored_bytes, pack_block_offset, \
              CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held FROM nodes n \
              WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND rooted = 0 \
-             AND root_ref_count = 0 AND collecting_since IS NULL AND lease_expires_at <= $3 \
+             AND collecting_since IS NULL AND lease_expires_at <= $3 \
+             AND (SELECT COALESCE(SUM(b.ref_count), 0) FROM root_ref_balances b \
+               WHERE b.app_id = n.app_id AND b.space_id = n.space_id AND b.hash = n.hash) <= 0 \
              AND NOT EXISTS (SELECT 1 FROM upload_generations g WHERE g.app_id = n.app_id \
                AND g.space_id = n.space_id AND g.hash = n.hash \
                AND g.state IN ('awaiting_upload', 'validated') AND g.expires_at > $3) \

@@ -24,7 +24,10 @@ pub struct NodeRow {
     pub lease_started_at: i64,
     pub lease_expires_at: i64,
     pub child_ref_count: i64,
-    pub root_ref_count: i64,
+    /// Its root ref count (the sum of its balances over domains, which are read from them) is
+    /// above zero: what garbage collection reads, written only when the sum goes to or from
+    /// zero.
+    pub rooted: bool,
     pub collecting_since: Option<i64>,
     /// For a delta object: the node whose content it needs, and the chain's depth.
     pub delta: Option<DeltaBase>,
@@ -99,7 +102,8 @@ impl StoredObject {
 }
 
 pub(crate) const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
-     lease_started_at, lease_expires_at, child_ref_count, root_ref_count, collecting_since, \
+     lease_started_at, lease_expires_at, child_ref_count, CAST(rooted AS BIGINT) AS rooted, \
+     collecting_since, \
      delta_base, delta_depth, pack_block_offset, pack_block_bytes, pack_entry_offset, \
      pack_entry_bytes, CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held";
 
@@ -118,7 +122,7 @@ pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
         lease_started_at: row.try_get("lease_started_at")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         child_ref_count: row.try_get("child_ref_count")?,
-        root_ref_count: row.try_get("root_ref_count")?,
+        rooted: row.try_get::<i64, _>("rooted")? != 0,
         collecting_since: row.try_get("collecting_since")?,
         delta: {
             let base: Option<Vec<u8>> = row.try_get("delta_base")?;
@@ -205,6 +209,25 @@ impl MetaStore {
             Some(r) => r.try_get("held_bytes"),
             None => Ok(None),
         }
+    }
+
+    /// A node's root ref count: the sum of its balances over domains.
+    pub async fn root_ref_count(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        hash: &Hash,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query(
+            "SELECT CAST(COALESCE(SUM(ref_count), 0) AS BIGINT) AS n FROM root_ref_balances \
+             WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+        )
+        .bind(app.as_str())
+        .bind(space.as_str())
+        .bind(hb(hash))
+        .fetch_one(&self.pool)
+        .await?
+        .try_get("n")
     }
 
     /// The ordered refs of a node.

@@ -269,12 +269,12 @@ impl Partition {
             let mut b = self.binds();
             let values: Vec<String> = part
                 .iter()
-                .map(|_| format!("({}, 0, 0, {})", b.list(11), b.list(4)))
+                .map(|_| format!("({}, 0, {})", b.list(11), b.list(4)))
                 .collect();
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
                  object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
-                 child_ref_count, root_ref_count, created_at, delta_base, delta_depth, \
+                 child_ref_count, created_at, delta_base, delta_depth, \
                  held_bytes) VALUES {}",
                 values.join(", ")
             )));
@@ -383,7 +383,7 @@ fn published_row(p: &Publication<'_>, started: i64, expires: i64) -> NodeRow {
         lease_started_at: started,
         lease_expires_at: expires,
         child_ref_count: 0,
-        root_ref_count: 0,
+        rooted: false,
         collecting_since: None,
         delta: p.stored.delta,
         pack: None,

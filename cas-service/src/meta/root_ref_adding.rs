@@ -3,18 +3,21 @@
 //! When every change of a batch is positive (the usual case: references taken), no update of
 //! it can be refused for a count going below zero, and one that is refused for another reason
 //! (a node absent or being collected, a count or balance past the limit, a balance brought to
-//! zero, which is not stored) is one whose write the statement can refuse row by row. So the
-//! batch's changes are summed per node and per (domain, node) and added in one round trip,
-//! inside a savepoint of its own, each row only where it stays valid, with the App's revision,
-//! the events and the request rows, each request only if its id is new (one used before is a
-//! replay or a conflict, which the full path answers); when every row was written, the batch
-//! is exactly what the full path would have written. When one was not, the savepoint is
+//! zero, which is not stored) is one that the statement can find as it writes. So the batch's
+//! changes are summed per (domain, node) and added in one round trip, inside a savepoint of its
+//! own, each balance only where it stays valid, with the nodes' `rooted` flags (set where a
+//! count leaves zero), the App's revision, the events and the request rows, each request only
+//! if its id is new (one used before is a replay or a conflict, which the full path answers),
+//! and the nodes named are counted where they are there, not being collected, and their counts
+//! (the sums of their balances, as added to) in range; when every balance and request was
+//! written and every node counted, the batch is exactly what the full path would have
+//! written. When one was not, the savepoint is
 //! rolled back and the full path (`Partition::apply_read_first`) decides, so every outcome is
 //! the one the full path gives. A batch with a negative change goes to the full path at once.
 //! Nothing is read first, not even the earlier requests: a retried request costs the round
 //! trip of the additions it undoes, and every other one saves the round trip of the read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cas_format::{Hash, RefDomain};
 use sqlx::Row;
@@ -24,13 +27,13 @@ use super::root_refs::{
     MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection, Writes, balance_rows,
     event_parts, revision_part,
 };
-use super::{Partition, Value};
+use super::{Partition, Value, hb};
 
 /// The savepoint the additions are made in.
 const SAVEPOINT: &str = "unicas_root_refs";
 
-/// What the additions wrote: the App's new revision and how many node, balance and request
-/// rows.
+/// What the additions wrote: the App's new revision, how many balance and request rows, and
+/// how many of the nodes named are there to take them.
 struct Written {
     revision: i64,
     nodes: i64,
@@ -66,21 +69,21 @@ impl Partition {
         if order.is_empty() || refused {
             return Ok(None);
         }
-        let mut by_node: BTreeMap<Hash, i64> = BTreeMap::new();
+        let mut nodes: BTreeSet<Hash> = BTreeSet::new();
         let mut by_balance: BTreeMap<(&RefDomain, Hash), i64> = BTreeMap::new();
         for &i in &order {
             for (hash, delta) in updates[i].changes {
-                *by_node.entry(*hash).or_default() += delta;
+                nodes.insert(*hash);
                 *by_balance.entry((updates[i].domain, *hash)).or_default() += delta;
             }
         }
-        let written = match self.add(updates, &order, &by_node, &by_balance, now).await {
+        let written = match self.add(updates, &order, &nodes, &by_balance, now).await {
             Ok(written) => written,
             // The full path decides (and meets the failure again if it lasts), unless the
             // savepoint is gone with the transaction.
             Err(e) => return self.roll_back().await.map(|()| None).map_err(|_| e),
         };
-        if written.nodes != by_node.len() as i64
+        if written.nodes != nodes.len() as i64
             || written.balances != by_balance.len() as i64
             || written.requests != order.len() as i64
         {
@@ -102,7 +105,7 @@ impl Partition {
         &mut self,
         updates: &[RootRefChange<'_>],
         order: &[usize],
-        by_node: &BTreeMap<Hash, i64>,
+        nodes: &BTreeSet<Hash>,
         by_balance: &BTreeMap<(&RefDomain, Hash), i64>,
         now: i64,
     ) -> Result<Written, sqlx::Error> {
@@ -111,18 +114,15 @@ impl Partition {
         q.text(&format!("SAVEPOINT {SAVEPOINT}; "));
         let mut w = Writes::new(q);
         revision_part(&mut w, app, order.len() as i64);
-        // A node is written only while it is not being collected and its count stays in range.
+        // A node's row is written only when its count goes from zero (its `rooted` flag), and
+        // only while it is not being collected.
         w.next("")
             .update_nodes(
                 (app, space),
-                "root_ref_count = root_ref_count + v.column2, rooted = 1",
-                by_node.iter().map(|(h, d)| (*h, vec![Value::Int(*d)])),
+                "rooted = 1",
+                nodes.iter().map(|h| (*h, Vec::new())),
             )
-            .text(&format!(
-                " AND nodes.collecting_since IS NULL \
-                 AND nodes.root_ref_count <= {MAX_ROOT_REF_COUNT} - v.column2; \
-                 SELECT changes() AS nodes_written"
-            ));
+            .text(" AND nodes.rooted = 0 AND nodes.collecting_since IS NULL");
         let rows = by_balance
             .iter()
             .map(|((domain, hash), d)| (*domain, hash, *d));
@@ -134,8 +134,22 @@ impl Partition {
              root_ref_balances.ref_count + excluded.ref_count \
              WHERE root_ref_balances.ref_count + excluded.ref_count <> 0 \
              AND root_ref_balances.ref_count <= {MAX_ROOT_REF_COUNT} - excluded.ref_count; \
-             SELECT changes() AS balances_written"
+             SELECT changes() AS balances_written; "
         ));
+        // The nodes that are there, not being collected, with their counts (the sums of
+        // their balances, now added to) in range.
+        let text = |s: &str| Value::Text(s.to_string());
+        w.text(&format!(
+            "SELECT COUNT(*) AS nodes_written FROM nodes n WHERE n.collecting_since IS NULL \
+             AND (SELECT SUM(t.ref_count) FROM root_ref_balances t WHERE t.app_id = n.app_id \
+             AND t.space_id = n.space_id AND t.hash = n.hash) <= {MAX_ROOT_REF_COUNT} \
+             AND n.app_id = "
+        ))
+        .value(text(app))
+        .text(" AND n.space_id = ")
+        .value(text(space))
+        .text(" AND n.hash IN ")
+        .tuple(nodes.iter().map(|h| Value::Bytes(hb(h))));
         event_parts(&mut w, (app, space), updates, order, now);
         // The request rows' part ends the text; `WHERE true` keeps SQLite from reading the
         // upsert's `ON` as a join's.
@@ -280,7 +294,7 @@ mod tests {
     async fn state(store: &MetaStore) -> Vec<String> {
         let queries = [
             "SELECT 'app', revision FROM apps",
-            "SELECT 'node', hash, root_ref_count, CAST(rooted AS BIGINT) FROM nodes ORDER BY hash",
+            "SELECT 'node', hash, CAST(rooted AS BIGINT) FROM nodes ORDER BY hash",
             "SELECT 'balance', ref_domain, hash, ref_count FROM root_ref_balances \
              ORDER BY ref_domain, hash",
             "SELECT 'event', revision, ref_domain, request_id, changes, actor, applied_at \

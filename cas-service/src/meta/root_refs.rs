@@ -4,10 +4,11 @@
 //! `root_ref_reads`; on SQLite a batch that only adds is written without its lookups
 //! (`root_ref_adding`).
 //!
-//! Balances are kept per (Space, domain, hash); a node's `root_ref_count` is their sum over
-//! domains. As the public contract has it, only that sum must stay at or above zero: a domain's
-//! own balance may go below zero (one domain releasing what another took), and every count
-//! stays within ±(2^53 − 1).
+//! Balances are kept per (Space, domain, hash); a node's root ref count is their sum over
+//! domains, read from them, not stored: its row is written only when the sum goes to or from
+//! zero (its `rooted` flag). As the public contract has it, only that sum must stay at or above
+//! zero: a domain's own balance may go below zero (one domain releasing what another took), and
+//! every count stays within ±(2^53 − 1).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -107,23 +108,31 @@ impl Partition {
         now: i64,
     ) -> Result<Vec<RootRefOutcome>, sqlx::Error> {
         let found = self.lookups(updates).await?;
+        let rooted: BTreeMap<Hash, bool> = found
+            .counts
+            .iter()
+            .map(|(h, (n, _))| (*h, *n > 0))
+            .collect();
         let (planned, steps) = plan(updates, &found.requests, found.counts, found.balances);
         let accepted = steps.len() as i64;
         let base = if accepted == 0 {
             // Only replays and refusals: nothing to write.
             0
         } else {
-            self.write_steps(updates, &steps, now).await? - accepted
+            self.write_steps(updates, &steps, &rooted, now).await? - accepted
         };
         Ok(outcomes(planned, base))
     }
 
-    /// Writes the accepted steps in one round trip: the App's revision, the final counts, the
-    /// current balances, an event and a request row for each. Returns the App's new revision.
+    /// Writes the accepted steps in one round trip: the App's revision, the `rooted` flags
+    /// of the nodes whose counts went to or from zero (`rooted`: each node's flag before the
+    /// batch), the current balances, an event and a request row for each. Returns the App's
+    /// new revision.
     async fn write_steps(
         &mut self,
         updates: &[RootRefChange<'_>],
         steps: &[Step],
+        rooted: &BTreeMap<Hash, bool>,
         now: i64,
     ) -> Result<i64, sqlx::Error> {
         let (app, space) = (self.app.as_str(), self.space.as_str());
@@ -141,13 +150,18 @@ impl Partition {
         let accepted = steps.len() as i64;
         let mut w = Writes::new(self.statement());
         revision_part(&mut w, app, accepted);
-        if !finals.is_empty() {
+        let flips: Vec<(Hash, bool)> = finals
+            .iter()
+            .map(|(hash, count)| (*hash, *count > 0))
+            .filter(|(hash, now_rooted)| rooted.get(hash) != Some(now_rooted))
+            .collect();
+        if !flips.is_empty() {
             w.next("").update_nodes(
                 (app, space),
-                "root_ref_count = v.column2, rooted = CASE WHEN v.column2 > 0 THEN 1 ELSE 0 END",
-                finals
+                "rooted = v.column2",
+                flips
                     .iter()
-                    .map(|(hash, count)| (*hash, vec![Value::Int(*count)])),
+                    .map(|(hash, r)| (*hash, vec![Value::Int(i64::from(*r))])),
             );
         }
         if !kept.is_empty() {
@@ -175,8 +189,9 @@ impl Partition {
     }
 
     /// What the batch's lookups find, in one statement: the earlier requests among the
-    /// updates' ids, the counts of the nodes they name and the current balances of those
-    /// nodes in their domains. The parts seek their indexes by (partition, domain, key).
+    /// updates' ids, the counts of the nodes they name (each the sum of its balances over
+    /// domains) and the current balances of those nodes in their domains. The parts seek their
+    /// indexes by (partition, domain, key).
     async fn lookups(&mut self, updates: &[RootRefChange<'_>]) -> Result<Found, sqlx::Error> {
         let hashes: BTreeSet<Hash> = updates
             .iter()
@@ -427,9 +442,10 @@ const LOOKUP_NODE: i64 = 1;
 
 /// The statement of [`Partition::lookups`], in rows of one shape (`kind`, `ref_domain`,
 /// `request_id`, `hash`, `n`, `collecting_since`, `balance`): the earlier requests among
-/// `ids`, then each node of `hashes` with its balance in each of `domains` that has one (a
-/// row a node, or one for each such domain: the driver's work is by row). Each part names the
-/// partition, the domains and the keys, and seeks its index by them.
+/// `ids`, then each node of `hashes` with its count (the sum of its balances over every
+/// domain) and its balance in each of `domains` that has one (a row a node, or one for each
+/// such domain: the driver's work is by row). Each part names the partition, the domains and
+/// the keys, and seeks its index by them.
 fn lookups_sql(
     mut q: Statement,
     (app, space): (&str, &str),
@@ -455,7 +471,9 @@ fn lookups_sql(
     }
     q.text(&format!(
         " UNION ALL SELECT {LOOKUP_NODE}, b.ref_domain, CAST(NULL AS TEXT), n.hash, \
-         n.root_ref_count, n.collecting_since, b.ref_count FROM nodes n \
+         (SELECT CAST(COALESCE(SUM(t.ref_count), 0) AS BIGINT) FROM root_ref_balances t \
+         WHERE t.app_id = n.app_id AND t.space_id = n.space_id AND t.hash = n.hash), \
+         n.collecting_since, b.ref_count FROM nodes n \
          LEFT JOIN root_ref_balances b ON b.app_id = n.app_id AND b.space_id = n.space_id \
          AND b.ref_domain IN "
     ))
@@ -478,7 +496,7 @@ fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
 mod tests {
     use super::*;
 
-    /// Each part of a batch's lookups, the update of its nodes' counts and the deletion of
+    /// Each part of a batch's lookups, the update of its nodes' flags and the deletion of
     /// balances that reached zero seek their index by the whole key: without the domain the
     /// lookups would read every request and every balance the partition ever had, once per
     /// batch, and an update that binds the partition once is planned on SQLite as a scan of
@@ -514,7 +532,7 @@ mod tests {
         let mut explain = Statement::new(Dialect::Sqlite);
         explain.text("EXPLAIN QUERY PLAN ").update_nodes(
             ("app", "space"),
-            "root_ref_count = v.column2",
+            "rooted = v.column2",
             hashes.iter().map(|h| (*h, vec![Value::Int(1)])),
         );
         let update = plan_of(&store, explain).await;
@@ -530,6 +548,12 @@ mod tests {
                 "{index}: {plan:?}"
             );
         }
+        // A node's count, the sum of its balances over domains, is read by its key.
+        assert!(
+            plan.iter().any(|step| step
+                .contains("INDEX root_ref_balances_by_hash (app_id=? AND space_id=? AND hash=?)")),
+            "node counts: {plan:?}"
+        );
         assert!(
             update
                 .iter()
