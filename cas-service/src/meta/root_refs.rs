@@ -189,9 +189,9 @@ impl Partition {
     }
 
     /// What the batch's lookups find, in one statement: the earlier requests among the
-    /// updates' ids, the counts of the nodes they name (each the sum of its balances over
-    /// domains) and the current balances of those nodes in their domains. The parts seek their
-    /// indexes by (partition, domain, key).
+    /// updates' ids, and the nodes they name with their current balances in every domain,
+    /// whose sum is a node's count. The parts seek their indexes by (partition, domain, key)
+    /// and (partition, key).
     async fn lookups(&mut self, updates: &[RootRefChange<'_>]) -> Result<Found, sqlx::Error> {
         let hashes: BTreeSet<Hash> = updates
             .iter()
@@ -243,8 +243,13 @@ impl Partition {
                     .insert((domain?, id), (hash.as_bytes().to_vec(), n));
                 continue;
             }
-            found.counts.insert(hash, (n, collecting.is_none()));
+            // A node's count is the sum of its balances, one row each (or one row without).
+            let count = found
+                .counts
+                .entry(hash)
+                .or_insert((0, collecting.is_none()));
             if let (Some(domain), Some(balance)) = (domain, balance) {
+                count.0 = count.0.saturating_add(balance);
                 found.balances.insert((domain?, hash), balance);
             }
         }
@@ -425,8 +430,8 @@ pub(super) fn delete_balances(
     q.text(")");
 }
 
-/// A row of [`lookups_sql`]: kind, domain, request id, hash (hex), count or revision, when its
-/// collection began, balance.
+/// A row of [`lookups_sql`]: kind, domain, request id, hash (hex), revision (of a request),
+/// when its collection began, balance.
 type LookupRow = (
     i64,
     Option<String>,
@@ -442,10 +447,10 @@ const LOOKUP_NODE: i64 = 1;
 
 /// The statement of [`Partition::lookups`], in rows of one shape (`kind`, `ref_domain`,
 /// `request_id`, `hash`, `n`, `collecting_since`, `balance`): the earlier requests among
-/// `ids`, then each node of `hashes` with its count (the sum of its balances over every
-/// domain) and its balance in each of `domains` that has one (a row a node, or one for each
-/// such domain: the driver's work is by row). Each part names the partition, the domains and
-/// the keys, and seeks its index by them.
+/// `ids` in `domains`, then each node of `hashes` with its balance in each domain that has
+/// one (a row a node, or one for each such domain: the driver's work is by row), whose sum is
+/// its count. Each part names the partition and the keys (and the domains), and seeks its
+/// index by them.
 fn lookups_sql(
     mut q: Statement,
     (app, space): (&str, &str),
@@ -471,14 +476,10 @@ fn lookups_sql(
     }
     q.text(&format!(
         " UNION ALL SELECT {LOOKUP_NODE}, b.ref_domain, CAST(NULL AS TEXT), n.hash, \
-         (SELECT CAST(COALESCE(SUM(t.ref_count), 0) AS BIGINT) FROM root_ref_balances t \
-         WHERE t.app_id = n.app_id AND t.space_id = n.space_id AND t.hash = n.hash), \
-         n.collecting_since, b.ref_count FROM nodes n \
+         CAST(0 AS BIGINT), n.collecting_since, b.ref_count FROM nodes n \
          LEFT JOIN root_ref_balances b ON b.app_id = n.app_id AND b.space_id = n.space_id \
-         AND b.ref_domain IN "
+         AND b.hash = n.hash WHERE n.app_id = "
     ))
-    .tuple(domains.iter().map(|d| text(d)))
-    .text(" AND b.hash = n.hash WHERE n.app_id = ")
     .value(text(app))
     .text(" AND n.space_id = ")
     .value(text(space))
@@ -539,7 +540,6 @@ mod tests {
         for (index, seek) in [
             ("root_ref_requests", "ref_domain=? AND request_id=?"),
             ("nodes", "space_id=? AND hash=?"),
-            ("root_ref_balances", "ref_domain=? AND hash=?"),
         ] {
             assert!(
                 plan.iter().any(|step| step
@@ -548,11 +548,11 @@ mod tests {
                 "{index}: {plan:?}"
             );
         }
-        // A node's count, the sum of its balances over domains, is read by its key.
+        // A node's balances in every domain, whose sum is its count, are read by its key.
         assert!(
             plan.iter().any(|step| step
                 .contains("INDEX root_ref_balances_by_hash (app_id=? AND space_id=? AND hash=?)")),
-            "node counts: {plan:?}"
+            "balances: {plan:?}"
         );
         assert!(
             update
