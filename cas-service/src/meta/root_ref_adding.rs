@@ -27,16 +27,17 @@ use super::root_refs::{
     MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection, Writes, balance_rows,
     event_parts, revision_part,
 };
-use super::{Partition, Value, hb};
+use super::{Partition, Statement, Value, hb};
 
 /// The savepoint the additions are made in.
 const SAVEPOINT: &str = "unicas_root_refs";
 
-/// What the additions wrote: the App's new revision, how many balance and request rows, and
-/// how many of the nodes named are there to take them.
+/// What the additions wrote: the App's new revision, how many balance and request rows, how
+/// many of the nodes named are there to take them, and how many of those are not rooted yet.
 struct Written {
     revision: i64,
     nodes: i64,
+    unrooted: i64,
     balances: i64,
     requests: i64,
 }
@@ -89,9 +90,15 @@ impl Partition {
         {
             return self.roll_back().await.map(|()| None);
         }
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("RELEASE {SAVEPOINT}")))
-            .execute(&mut **self.tx())
-            .await?;
+        // The flags of the nodes whose counts leave zero, in the round trip that releases the
+        // savepoint (most batches add to nodes already referenced, and write no node row).
+        let mut q = self.statement();
+        if written.unrooted > 0 {
+            rooted_nodes(&mut q, (self.app.as_str(), self.space.as_str()), &nodes);
+            q.text("; ");
+        }
+        q.text(&format!("RELEASE {SAVEPOINT}"));
+        q.query().execute(&mut **self.tx()).await?;
         Ok(Some(outcomes(
             planned,
             written.revision - order.len() as i64,
@@ -114,15 +121,6 @@ impl Partition {
         q.text(&format!("SAVEPOINT {SAVEPOINT}; "));
         let mut w = Writes::new(q);
         revision_part(&mut w, app, order.len() as i64);
-        // A node's row is written only when its count goes from zero (its `rooted` flag), and
-        // only while it is not being collected.
-        w.next("")
-            .update_nodes(
-                (app, space),
-                "rooted = 1",
-                nodes.iter().map(|h| (*h, Vec::new())),
-            )
-            .text(" AND nodes.rooted = 0 AND nodes.collecting_since IS NULL");
         let rows = by_balance
             .iter()
             .map(|((domain, hash), d)| (*domain, hash, *d));
@@ -136,20 +134,7 @@ impl Partition {
              AND root_ref_balances.ref_count <= {MAX_ROOT_REF_COUNT} - excluded.ref_count; \
              SELECT changes() AS balances_written; "
         ));
-        // The nodes that are there, not being collected, with their counts (the sums of
-        // their balances, now added to) in range.
-        let text = |s: &str| Value::Text(s.to_string());
-        w.text(&format!(
-            "SELECT COUNT(*) AS nodes_written FROM nodes n WHERE n.collecting_since IS NULL \
-             AND (SELECT SUM(t.ref_count) FROM root_ref_balances t WHERE t.app_id = n.app_id \
-             AND t.space_id = n.space_id AND t.hash = n.hash) <= {MAX_ROOT_REF_COUNT} \
-             AND n.app_id = "
-        ))
-        .value(text(app))
-        .text(" AND n.space_id = ")
-        .value(text(space))
-        .text(" AND n.hash IN ")
-        .tuple(nodes.iter().map(|h| Value::Bytes(hb(h))));
+        counted_nodes(&mut w, (app, space), nodes);
         event_parts(&mut w, (app, space), updates, order, now);
         // The request rows' part ends the text; `WHERE true` keeps SQLite from reading the
         // upsert's `ON` as a join's.
@@ -165,7 +150,7 @@ impl Partition {
             if let Ok(n) = r.try_get::<i64, _>("revision") {
                 revision = Some(n);
             } else if let Ok(n) = r.try_get::<i64, _>("nodes_written") {
-                nodes = Some(n);
+                nodes = Some((n, r.try_get::<i64, _>("nodes_unrooted")?));
             } else if let Ok(n) = r.try_get::<i64, _>("balances_written") {
                 balances = Some(n);
             } else if let Ok(n) = r.try_get::<i64, _>("requests_written") {
@@ -173,12 +158,15 @@ impl Partition {
             }
         }
         match (revision, nodes, balances, requests) {
-            (Some(revision), Some(nodes), Some(balances), Some(requests)) => Ok(Written {
-                revision,
-                nodes,
-                balances,
-                requests,
-            }),
+            (Some(revision), Some((nodes, unrooted)), Some(balances), Some(requests)) => {
+                Ok(Written {
+                    revision,
+                    nodes,
+                    unrooted,
+                    balances,
+                    requests,
+                })
+            }
             _ => Err(sqlx::Error::Protocol(
                 "the additions of a root-ref batch did not report their rows".into(),
             )),
@@ -193,6 +181,41 @@ impl Partition {
             .await
             .map(|_| ())
     }
+}
+
+/// Appends `app_id = … AND space_id = … AND hash IN (…)` for `nodes` of one partition: the
+/// partition bound once and the hashes listed, which SQLite plans as a seek of each node (an
+/// update from a list of rows with these nodes' conditions it plans as a scan of the table).
+fn nodes_of(q: &mut Statement, (app, space): (&str, &str), nodes: &BTreeSet<Hash>) {
+    let text = |s: &str| Value::Text(s.to_string());
+    q.text("app_id = ")
+        .value(text(app))
+        .text(" AND space_id = ")
+        .value(text(space))
+        .text(" AND hash IN ")
+        .tuple(nodes.iter().map(|h| Value::Bytes(hb(h))));
+}
+
+/// Appends the setting of the `rooted` flag of the nodes among `nodes` that are not rooted
+/// and not being collected.
+fn rooted_nodes(q: &mut Statement, partition: (&str, &str), nodes: &BTreeSet<Hash>) {
+    q.text("UPDATE nodes SET rooted = 1 WHERE ");
+    nodes_of(q, partition, nodes);
+    q.text(" AND rooted = 0 AND collecting_since IS NULL");
+}
+
+/// Appends the count of the nodes among `nodes` that are there, not being collected, with
+/// their counts (the sums of their balances, as the batch added to them) in range, as
+/// `nodes_written`, and of those not rooted yet, as `nodes_unrooted`.
+fn counted_nodes(q: &mut Statement, partition: (&str, &str), nodes: &BTreeSet<Hash>) {
+    q.text(&format!(
+        "SELECT COUNT(*) AS nodes_written, \
+         COALESCE(SUM(CASE WHEN n.rooted = 0 THEN 1 ELSE 0 END), 0) AS nodes_unrooted \
+         FROM nodes n WHERE n.collecting_since IS NULL \
+         AND (SELECT SUM(t.ref_count) FROM root_ref_balances t WHERE t.app_id = n.app_id \
+         AND t.space_id = n.space_id AND t.hash = n.hash) <= {MAX_ROOT_REF_COUNT} AND n."
+    ));
+    nodes_of(q, partition, nodes);
 }
 
 #[cfg(test)]
@@ -416,6 +439,43 @@ mod tests {
         second.pool().close().await;
         first_place.remove().await;
         second_place.remove().await;
+    }
+
+    /// The flags and the count of a batch's nodes seek each node (and its balances) by the
+    /// whole key, so that their cost does not grow with the partition.
+    #[tokio::test]
+    async fn the_nodes_of_additions_are_sought_by_key() {
+        let (store, place) = store(Dialect::Sqlite, "plan", &[]).await;
+        let nodes: BTreeSet<Hash> = (0..3u8).map(|i| Hash::digest(&[i])).collect();
+        let node_seek = "INDEX sqlite_autoindex_nodes_1 (app_id=? AND space_id=? AND hash=?)";
+        let balance_seek = "INDEX root_ref_balances_by_hash (app_id=? AND space_id=? AND hash=?)";
+        type Part = fn(&mut Statement, (&str, &str), &BTreeSet<Hash>);
+        let parts: [(Part, &[&str]); 2] = [
+            (rooted_nodes, &[node_seek]),
+            (counted_nodes, &[node_seek, balance_seek]),
+        ];
+        for (part, seeks) in parts {
+            let mut q = Statement::new(Dialect::Sqlite);
+            q.text("EXPLAIN QUERY PLAN ");
+            part(&mut q, ("a", "s"), &nodes);
+            let plan: Vec<String> = q
+                .query()
+                .fetch_all(store.pool())
+                .await
+                .expect("plan")
+                .iter()
+                .map(|r| r.try_get::<String, _>("detail").expect("detail"))
+                .collect();
+            for seek in seeks {
+                assert!(plan.iter().any(|s| s.contains(seek)), "{seek}: {plan:?}");
+            }
+            assert!(
+                !plan.iter().any(|s| s.starts_with("SCAN n")),
+                "no scan of the nodes: {plan:?}"
+            );
+        }
+        store.pool().close().await;
+        place.remove().await;
     }
 
     #[tokio::test]
