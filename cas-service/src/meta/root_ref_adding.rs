@@ -5,15 +5,16 @@
 //! (a node absent or being collected, a count or balance past the limit, a balance brought to
 //! zero, which is not stored) is one that the statement can find as it writes. So the batch's
 //! changes are summed per (domain, node) and added in one round trip, inside a savepoint of its
-//! own, each balance only where it stays valid, with the nodes' `rooted` flags (set where a
-//! count leaves zero), the App's revision, the events and the request rows, each request only
-//! if its id is new (one used before is a replay or a conflict, which the full path answers),
-//! and the nodes named are counted where they are there, not being collected, and their counts
-//! (the sums of their balances, as added to) in range; when every balance and request was
-//! written and every node counted, the batch is exactly what the full path would have
-//! written. When one was not, the savepoint is
-//! rolled back and the full path (`Partition::apply_read_first`) decides, so every outcome is
-//! the one the full path gives. A batch with a negative change goes to the full path at once.
+//! own, each balance only where it stays valid, with the App's revision, the events and the
+//! request rows, each request only if its id is new (one used before is a replay or a
+//! conflict, which the full path answers), and the nodes named are counted where they are
+//! there, not being collected, and their counts (the sums of their balances, as added to) in
+//! range. When every balance and request was written and every node counted, the nodes whose
+//! counts left zero get their `rooted` flags in the round trip that releases the savepoint,
+//! and the batch is exactly what the full path would have written. When one was not, the
+//! savepoint is rolled back and the full path (`Partition::apply_read_first`) decides, so
+//! every outcome is the one the full path gives. A batch with a negative change goes to the
+//! full path at once.
 //! Nothing is read first, not even the earlier requests: a retried request costs the round
 //! trip of the additions it undoes, and every other one saves the round trip of the read.
 
@@ -458,14 +459,7 @@ mod tests {
             let mut q = Statement::new(Dialect::Sqlite);
             q.text("EXPLAIN QUERY PLAN ");
             part(&mut q, ("a", "s"), &nodes);
-            let plan: Vec<String> = q
-                .query()
-                .fetch_all(store.pool())
-                .await
-                .expect("plan")
-                .iter()
-                .map(|r| r.try_get::<String, _>("detail").expect("detail"))
-                .collect();
+            let plan = super::super::root_refs::tests::plan_of(&store, q).await;
             for seek in seeks {
                 assert!(plan.iter().any(|s| s.contains(seek)), "{seek}: {plan:?}");
             }

@@ -494,7 +494,7 @@ fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Each part of a batch's lookups, the update of its nodes' flags and the deletion of
@@ -571,7 +571,10 @@ mod tests {
     }
 
     /// The steps of a statement's query plan.
-    async fn plan_of(store: &super::super::MetaStore, explain: Statement) -> Vec<String> {
+    pub(in crate::meta) async fn plan_of(
+        store: &super::super::MetaStore,
+        explain: Statement,
+    ) -> Vec<String> {
         explain
             .query()
             .fetch_all(store.pool())
