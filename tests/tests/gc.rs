@@ -436,7 +436,55 @@ async fn a_wrong_rooted_flag_is_reported_and_not_trusted(b: Backend) -> anyhow::
     Ok(())
 }
 
+/// A node's root ref count is the sum of its balances: fsck reports a sum below zero, and a
+/// sum held by a node that has no row.
+async fn root_ref_counts_below_zero_or_without_a_node_are_reported(
+    b: Backend,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let (h, bytes) = leaf(b"counted from its balances");
+    client.ensure_node(&sp, &h, &bytes, 1000).await?;
+    client
+        .update_root_refs(&sp, &rid("keep"), BTreeMap::from([(h, 2)]))
+        .await?;
+    let db = env.database().await?;
+    sqlx::query(
+        "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
+         VALUES ('hub', 's', 'other', $1, -3)",
+    )
+    .bind(h.as_bytes().to_vec())
+    .execute(&db)
+    .await?;
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(
+        !ok && report
+            .to_string()
+            .contains("the domains' balances sum to -1, below zero"),
+        "{report:#}"
+    );
+    sqlx::query("DELETE FROM root_ref_balances WHERE ref_domain = 'other'")
+        .execute(&db)
+        .await?;
+    sqlx::query("DELETE FROM nodes WHERE app_id = 'hub' AND hash = $1")
+        .bind(h.as_bytes().to_vec())
+        .execute(&db)
+        .await?;
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(
+        !ok && report
+            .to_string()
+            .contains("root ref count 2 but no node row"),
+        "{report:#}"
+    );
+    Ok(())
+}
+
 e2e!(
+    root_ref_counts_below_zero_or_without_a_node_are_reported,
     a_wrong_rooted_flag_is_reported_and_not_trusted,
     gc_frees_only_what_nothing_holds,
     gc_passes_are_bounded,

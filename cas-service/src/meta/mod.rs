@@ -190,6 +190,24 @@ impl Statement {
         }
     }
 
+    /// Appends `{alias}app_id = … AND {alias}space_id = … AND {alias}hash IN (…)` for `hashes`
+    /// of one partition: the partition bound once and the hashes listed, which SQLite plans
+    /// as a seek of each node, also in an update whose other conditions make it plan
+    /// [`Statement::update_nodes`] as a scan of the table.
+    pub(crate) fn nodes_in<'a>(
+        &mut self,
+        alias: &str,
+        (app, space): (&str, &str),
+        hashes: impl IntoIterator<Item = &'a Hash>,
+    ) -> &mut Self {
+        self.text(&format!("{alias}app_id = "))
+            .value(Value::Text(app.to_string()))
+            .text(&format!(" AND {alias}space_id = "))
+            .value(Value::Text(space.to_string()))
+            .text(&format!(" AND {alias}hash IN "))
+            .tuple(hashes.into_iter().map(|h| Value::Bytes(hb(h))))
+    }
+
     /// Appends `UPDATE nodes SET {set} FROM (VALUES …) AS v WHERE …` for `rows` of one
     /// partition, each a hash and its values, which `set` reads as `v.column2`, `v.column3`,
     /// …. On SQLite every row also carries the partition (as its last two columns): with the

@@ -28,7 +28,7 @@ use super::root_refs::{
     MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection, Writes, balance_rows,
     event_parts, revision_part,
 };
-use super::{Partition, Statement, Value, hb};
+use super::{Partition, Statement};
 
 /// The savepoint the additions are made in.
 const SAVEPOINT: &str = "unicas_root_refs";
@@ -184,25 +184,12 @@ impl Partition {
     }
 }
 
-/// Appends `app_id = … AND space_id = … AND hash IN (…)` for `nodes` of one partition: the
-/// partition bound once and the hashes listed, which SQLite plans as a seek of each node (an
-/// update from a list of rows with these nodes' conditions it plans as a scan of the table).
-fn nodes_of(q: &mut Statement, (app, space): (&str, &str), nodes: &BTreeSet<Hash>) {
-    let text = |s: &str| Value::Text(s.to_string());
-    q.text("app_id = ")
-        .value(text(app))
-        .text(" AND space_id = ")
-        .value(text(space))
-        .text(" AND hash IN ")
-        .tuple(nodes.iter().map(|h| Value::Bytes(hb(h))));
-}
-
 /// Appends the setting of the `rooted` flag of the nodes among `nodes` that are not rooted
 /// and not being collected.
 fn rooted_nodes(q: &mut Statement, partition: (&str, &str), nodes: &BTreeSet<Hash>) {
-    q.text("UPDATE nodes SET rooted = 1 WHERE ");
-    nodes_of(q, partition, nodes);
-    q.text(" AND rooted = 0 AND collecting_since IS NULL");
+    q.text("UPDATE nodes SET rooted = 1 WHERE ")
+        .nodes_in("", partition, nodes)
+        .text(" AND rooted = 0 AND collecting_since IS NULL");
 }
 
 /// Appends the count of the nodes among `nodes` that are there, not being collected, with
@@ -214,14 +201,14 @@ fn counted_nodes(q: &mut Statement, partition: (&str, &str), nodes: &BTreeSet<Ha
          COALESCE(SUM(CASE WHEN n.rooted = 0 THEN 1 ELSE 0 END), 0) AS nodes_unrooted \
          FROM nodes n WHERE n.collecting_since IS NULL \
          AND (SELECT SUM(t.ref_count) FROM root_ref_balances t WHERE t.app_id = n.app_id \
-         AND t.space_id = n.space_id AND t.hash = n.hash) <= {MAX_ROOT_REF_COUNT} AND n."
-    ));
-    nodes_of(q, partition, nodes);
+         AND t.space_id = n.space_id AND t.hash = n.hash) <= {MAX_ROOT_REF_COUNT} AND "
+    ))
+    .nodes_in("n.", partition, nodes);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Dialect, MetaStore, Statement, hb};
+    use super::super::{Dialect, MetaStore, Statement, Value, hb};
     use super::*;
     use cas_format::{AppId, RequestId, SpaceId};
     use rand::{Rng, SeedableRng};

@@ -478,13 +478,9 @@ fn lookups_sql(
         " UNION ALL SELECT {LOOKUP_NODE}, b.ref_domain, CAST(NULL AS TEXT), n.hash, \
          CAST(0 AS BIGINT), n.collecting_since, b.ref_count FROM nodes n \
          LEFT JOIN root_ref_balances b ON b.app_id = n.app_id AND b.space_id = n.space_id \
-         AND b.hash = n.hash WHERE n.app_id = "
+         AND b.hash = n.hash WHERE "
     ))
-    .value(text(app))
-    .text(" AND n.space_id = ")
-    .value(text(space))
-    .text(" AND n.hash IN ")
-    .tuple(hashes.iter().map(|h| Value::Bytes(hb(h))));
+    .nodes_in("n.", (app, space), hashes);
     q
 }
 
