@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cas_client::Ensured;
+use cas_client::{AppCasClient, Ensured};
 use cas_format::wire::{BatchLeaseElement, BatchLeaseResult, LeaseResponse};
+use cas_format::{Hash, SpaceId};
 use tests::*;
 
 /// For calls that are meant to fail: a retry would hide the failure.
@@ -399,33 +400,45 @@ async fn upload_limit(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// App `hub` of `env` with one node of `content` in Space `s`, leased for a second and held
+/// by two root refs; the server (to be kept running), its client, the Space and the node.
+async fn a_node_held_by_root_refs(
+    env: &TestEnv,
+    content: &[u8],
+) -> anyhow::Result<(Server, AppCasClient, SpaceId, Hash)> {
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let (h, bytes) = leaf(content);
+    client.ensure_node(&sp, &h, &bytes, 1000).await?;
+    client
+        .update_root_refs(&sp, &rid("keep"), BTreeMap::from([(h, 2)]))
+        .await?;
+    Ok((server, client, sp, h))
+}
+
+/// fsck of App `hub` fails, and its report says `needle`.
+fn assert_fsck_reports(env: &TestEnv, needle: &str) -> anyhow::Result<()> {
+    let (ok, report) = env.fsck("hub", &[])?;
+    assert!(!ok && report.to_string().contains(needle), "{report:#}");
+    Ok(())
+}
+
 /// Garbage collection finds its candidates by the nodes' `rooted` flag, kept beside the root
 /// ref count: a flag that disagrees with the count is reported by fsck, and a node whose count
 /// is above zero is not collected even when its flag says otherwise.
 async fn a_wrong_rooted_flag_is_reported_and_not_trusted(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let sp = space("s");
-    let (h, bytes) = leaf(b"held by a root ref only");
-    client.ensure_node(&sp, &h, &bytes, 1000).await?;
-    client
-        .update_root_refs(&sp, &rid("keep"), BTreeMap::from([(h, 2)]))
-        .await?;
+    let (_server, client, sp, h) =
+        a_node_held_by_root_refs(&env, b"held by a root ref only").await?;
     let (ok, report) = env.fsck("hub", &[])?;
     assert!(ok, "{report:#}");
     sqlx::query("UPDATE nodes SET rooted = 0 WHERE app_id = 'hub' AND hash = $1")
         .bind(h.as_bytes().to_vec())
         .execute(&env.database().await?)
         .await?;
-    let (ok, report) = env.fsck("hub", &[])?;
-    assert!(
-        !ok && report
-            .to_string()
-            .contains("root ref count 2 but rooted flag 0"),
-        "{report:#}"
-    );
+    assert_fsck_reports(&env, "root ref count 2 but rooted flag 0")?;
     // The lease has lapsed: only the count holds the node.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     client.gc(&sp, None).await?;
@@ -442,15 +455,8 @@ async fn root_ref_counts_below_zero_or_without_a_node_are_reported(
     b: Backend,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server);
-    let sp = space("s");
-    let (h, bytes) = leaf(b"counted from its balances");
-    client.ensure_node(&sp, &h, &bytes, 1000).await?;
-    client
-        .update_root_refs(&sp, &rid("keep"), BTreeMap::from([(h, 2)]))
-        .await?;
+    let (_server, _client, _sp, h) =
+        a_node_held_by_root_refs(&env, b"counted from its balances").await?;
     let db = env.database().await?;
     sqlx::query(
         "INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) \
@@ -459,13 +465,7 @@ async fn root_ref_counts_below_zero_or_without_a_node_are_reported(
     .bind(h.as_bytes().to_vec())
     .execute(&db)
     .await?;
-    let (ok, report) = env.fsck("hub", &[])?;
-    assert!(
-        !ok && report
-            .to_string()
-            .contains("the domains' balances sum to -1, below zero"),
-        "{report:#}"
-    );
+    assert_fsck_reports(&env, "the domains' balances sum to -1, below zero")?;
     sqlx::query("DELETE FROM root_ref_balances WHERE ref_domain = 'other'")
         .execute(&db)
         .await?;
@@ -473,13 +473,7 @@ async fn root_ref_counts_below_zero_or_without_a_node_are_reported(
         .bind(h.as_bytes().to_vec())
         .execute(&db)
         .await?;
-    let (ok, report) = env.fsck("hub", &[])?;
-    assert!(
-        !ok && report
-            .to_string()
-            .contains("root ref count 2 but no node row"),
-        "{report:#}"
-    );
+    assert_fsck_reports(&env, "root ref count 2 but no node row")?;
     Ok(())
 }
 
