@@ -96,6 +96,18 @@ pub(crate) fn file_worth_compressing(
     Ok(sample_compresses(&sample, level))
 }
 
+/// [`file_worth_compressing`] for a handle of `file`, on a blocking thread.
+pub(crate) async fn file_worth_compressing_async(
+    file: &std::fs::File,
+    len: u64,
+    level: i32,
+) -> std::io::Result<bool> {
+    let file = file.try_clone()?;
+    tokio::task::spawn_blocking(move || file_worth_compressing(&file, len, level))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

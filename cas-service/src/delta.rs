@@ -382,6 +382,17 @@ impl Service {
                 let object = self.object_bytes(app, space, &bottom, cached).await?;
                 let decoded = match bottom.encoding {
                     Encoding::Identity => object,
+                    Encoding::Portable => {
+                        let offset = bottom.content_offset() as usize;
+                        if object.len() < offset {
+                            return Err(integrity(format!(
+                                "the object of {} is shorter than its header",
+                                bottom.hash
+                            ))
+                            .into());
+                        }
+                        object.slice(offset..)
+                    }
                     Encoding::Zstd => {
                         let size = bottom.size as usize;
                         let frame = object;

@@ -11,7 +11,7 @@ use cas_format::{AppId, Hash, SpaceId};
 
 use crate::blob::{node_key, upload_key};
 use crate::error::{ApiError, ApiResult};
-use crate::materialize::MaterializeError;
+use crate::materialize::{Content, MaterializeError};
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Partition, TargetKind};
 use crate::{Service, failpoint, now_ms};
 
@@ -365,7 +365,7 @@ impl Service {
                 .acquire()
                 .await
                 .map_err(|_| ApiError::unavailable("shutting down"))?;
-            self.materialize(app, space, g).await
+            self.materialize(app, space, g, delta_base.is_none()).await
         };
         let spooled = match spooled {
             Ok(s) => s,
@@ -466,9 +466,16 @@ impl Service {
 
         // Object first.
         let size = spooled.evidence.content_size as u64;
-        let stored = self
-            .write_object(app, space, g, spooled.spool, size, delta_base)
-            .await?;
+        let stored = match spooled.content {
+            Content::Spooled(spool) => {
+                self.write_object(app, space, g, spool, size, delta_base)
+                    .await?
+            }
+            Content::Held(held) => {
+                self.adopt_object(app, space, g, held, spooled.canonical_len)
+                    .await?
+            }
+        };
         let wrote_object = stored.held.is_none();
         if failpoint::hit("publish.after_object").await {
             return Err(ApiError::storage_unavailable(

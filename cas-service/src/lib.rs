@@ -16,6 +16,7 @@ use governor::{DefaultKeyedRateLimiter, Quota};
 use tokio_util::sync::CancellationToken;
 
 pub mod admin;
+mod adopt;
 pub mod api;
 pub mod auth;
 mod base64_runs;

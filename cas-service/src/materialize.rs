@@ -1,6 +1,8 @@
 //! From uploaded bytes to a stored object: the bytes at an upload target are streamed through
 //! the node validator (and, for SValue content, the SValue decoder) into an unnamed spool
-//! file, then written to the object store, compressed when that is worthwhile.
+//! file, then written to the object store, compressed when that is worthwhile; or, where the
+//! upload is a file that can become the object as it is, validated where it lies
+//! (`crate::adopt`).
 
 use cas_format::node::LimitField;
 use cas_format::svalue::{self, SValueLimits};
@@ -11,24 +13,32 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use bytes::Bytes;
 use cas_format::Hash;
 
-use crate::blob::{Encoding, SpoolFile, node_key};
+use crate::blob::{Encoding, HeldUpload, SpoolFile, node_key};
 use crate::delta::{IN_MEMORY_MAX, identity};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Evidence, Generation, StoredObject};
 use crate::{Service, failpoint};
 
-const READ_CHUNK: usize = 256 << 10;
+pub(crate) const READ_CHUNK: usize = 256 << 10;
 
-/// Uploaded bytes proven valid, with the own content spooled to a local file.
-pub(crate) struct Spooled {
+/// Uploaded bytes proven valid, and where their content waits.
+pub(crate) struct Validated {
     pub evidence: Evidence,
     pub canonical_len: u64,
-    pub spool: SpoolFile,
+    pub content: Content,
+}
+
+/// Where a validated upload's content waits to be stored.
+pub(crate) enum Content {
+    /// The own content alone, spooled to a local file.
+    Spooled(SpoolFile),
+    /// The upload itself, held open, to become the object as it is (`crate::adopt`).
+    Held(HeldUpload),
 }
 
 /// The checks of one node's portable bytes, fed in pieces: the node format, its limits and
 /// its hash, and for SValue content the canonical encoding and its refs.
-struct NodeCheck {
+pub(crate) struct NodeCheck {
     validator: NodeStreamValidator,
     svalue_limits: SValueLimits,
     /// The SValue content seen so far (other content is not kept).
@@ -39,7 +49,7 @@ struct NodeCheck {
 
 impl NodeCheck {
     /// Checks the next piece; answers the part of it that is the node's own content.
-    fn feed<'p>(&mut self, piece: &'p [u8]) -> Result<&'p [u8], MaterializeError> {
+    pub(crate) fn feed<'p>(&mut self, piece: &'p [u8]) -> Result<&'p [u8], MaterializeError> {
         self.total += piece.len() as u64;
         if self.total > self.max {
             return Err(rejection(
@@ -64,7 +74,7 @@ impl NodeCheck {
     }
 
     /// The evidence of the whole node, which must hash to `hash`; and its portable length.
-    fn finish(self, hash: &Hash) -> Result<(Evidence, u64), MaterializeError> {
+    pub(crate) fn finish(self, hash: &Hash) -> Result<(Evidence, u64), MaterializeError> {
         let (descriptor, _) = self
             .validator
             .finish(Some(hash))
@@ -147,13 +157,19 @@ impl Service {
         }
     }
 
-    /// Streams the uploaded bytes through the validator, spooling the own content.
+    /// Checks the uploaded bytes: where they lie when they are to be adopted as the object
+    /// (only when `adopt`, that is without a delta base to try), else streamed through the
+    /// validator, the own content spooled.
     pub(crate) async fn materialize(
         &self,
         app: &AppId,
         space: &SpaceId,
         g: &Generation,
-    ) -> Result<Spooled, MaterializeError> {
+        adopt: bool,
+    ) -> Result<Validated, MaterializeError> {
+        if adopt && let Some(held) = self.validate_for_adoption(app, space, g).await? {
+            return Ok(held);
+        }
         let (reader, len) = match self.staging().open(app, space, g).await? {
             Some(found) => found,
             None => return Err(MaterializeError::NotUploaded),
@@ -168,7 +184,7 @@ impl Service {
         reader: impl tokio::io::AsyncRead + Unpin,
         len: u64,
         hash: &cas_format::Hash,
-    ) -> Result<Spooled, MaterializeError> {
+    ) -> Result<Validated, MaterializeError> {
         let spool = self
             .blobs
             .spool()
@@ -181,10 +197,10 @@ impl Service {
                 .map_err(|e| ApiError::internal("opening a spool file", e))?,
         );
         let (evidence, canonical_len) = self.validate_into(reader, len, hash, file).await?;
-        Ok(Spooled {
+        Ok(Validated {
             evidence,
             canonical_len,
-            spool,
+            content: Content::Spooled(spool),
         })
     }
 
@@ -232,7 +248,7 @@ impl Service {
     }
 
     /// The checks of a node said to be `len` portable bytes long; refuses one over the limit.
-    fn node_check(&self, len: u64) -> Result<NodeCheck, MaterializeError> {
+    pub(crate) fn node_check(&self, len: u64) -> Result<NodeCheck, MaterializeError> {
         let max = self.config.node_max_bytes;
         if len > max {
             return Err(rejection(
@@ -403,7 +419,7 @@ impl Service {
             .map_err(|e| ApiError::blob("writing an object", e))
     }
 
-    async fn put_failpoint() -> ApiResult<()> {
+    pub(crate) async fn put_failpoint() -> ApiResult<()> {
         if failpoint::hit("blob.put").await {
             return Err(ApiError::storage_unavailable(
                 "writing an object",
@@ -424,15 +440,10 @@ impl Service {
     /// Whether the `size` bytes of content in `spool` are worth compressing, from a sample
     /// read alone ([`crate::compressibility`]).
     async fn spool_worth_compressing(&self, spool: &SpoolFile, size: u64) -> ApiResult<bool> {
-        let spooled = |e| ApiError::internal("reading a spool file", e);
-        let file = spool.handle().map_err(spooled)?;
         let level = self.config.compress_level;
-        tokio::task::spawn_blocking(move || {
-            crate::compressibility::file_worth_compressing(&file, size, level)
-        })
-        .await
-        .map_err(|e| ApiError::internal("reading a spool file", e))?
-        .map_err(spooled)
+        crate::compressibility::file_worth_compressing_async(spool.file(), size, level)
+            .await
+            .map_err(|e| ApiError::internal("reading a spool file", e))
     }
 
     async fn compress(&self, spool: &SpoolFile) -> ApiResult<SpoolFile> {

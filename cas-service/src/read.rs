@@ -146,7 +146,14 @@ impl Service {
         let hash = &row.hash;
         let key = node_key(app, space, hash, &row.object_gen);
         let compressed = row.encoding == Encoding::Zstd;
-        let object_range = if compressed { None } else { range };
+        // A portable object is read from its content on (its header is not content).
+        let offset = row.content_offset();
+        let object_range = match range {
+            _ if compressed => None,
+            Some((start, end)) => Some((start + offset, end + offset)),
+            None if offset > 0 => Some((offset, offset + row.size.max(0) as u64)),
+            None => None,
+        };
         let found = self
             .blobs
             .get(&key, object_range)

@@ -6,20 +6,28 @@ use std::time::Duration;
 
 use cas_client::Ensured;
 use cas_format::wire::LeaseResponse;
+use cas_service::blob::Encoding;
 use tests::*;
 
 const LEASE: u64 = 60_000;
 
 /// Killed between writing a node's object and committing its row: the object is an orphan
 /// (reported, inside its grace period), and the repeated lease after a restart publishes it.
+/// Once for a small node, once for one whose upload becomes its object on the filesystem
+/// (`adopted.rs`), so that the killed attempt's object and the repeated one are the same file.
 async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
+    crash_between_object_and_row_of(b, b"the node in flight").await?;
+    crash_between_object_and_row_of(b, &tests::content::noise(7, 300_000)).await
+}
+
+async fn crash_between_object_and_row_of(b: Backend, content: &[u8]) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
     // Every node an object (a small node held in its row has none: `held.rs`).
     env.set("UNICAS_HOLD_MAX_BYTES", 0);
     let app = env.create_app("hub")?;
     let sp = space("s");
     let (child, child_b) = leaf(b"child, published before the crash");
-    let (h, bytes) = node("application/x-test", &[child, child], b"the node in flight");
+    let (h, bytes) = node("application/x-test", &[child, child], content);
     {
         let server = env.start()?;
         app.client(&server)
@@ -67,7 +75,7 @@ async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
     let r = client.ensure_node(&sp, &h, &bytes, LEASE).await?;
     assert!(matches!(r.state, Ensured::Ready { .. }));
     assert_eq!(r.uploaded_bytes, 0, "the upload survived the crash");
-    assert_eq!(&client.read_node(&sp, &h).await?[..], b"the node in flight");
+    assert_eq!(&client.read_node(&sp, &h).await?[..], content);
     assert_eq!(
         client
             .read_metadata(&sp, &child)
@@ -94,13 +102,27 @@ async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
 }
 
 /// The same crash, repaired by `fsck --repair-orphans`: the upload's evidence proves the
-/// object, so fsck publishes the row.
+/// object, so fsck publishes the row; for a small node and for one whose upload became its
+/// object (its portable bytes, on the filesystem).
 async fn fsck_adopts_a_proven_orphan(b: Backend) -> anyhow::Result<()> {
+    fsck_adopts_a_proven_orphan_of(b, b"adopt me", Encoding::Identity).await?;
+    let portable = match b.blobs {
+        Blobs::Fs => Encoding::Portable,
+        Blobs::S3 => Encoding::Identity,
+    };
+    fsck_adopts_a_proven_orphan_of(b, &tests::content::noise(8, 300_000), portable).await
+}
+
+async fn fsck_adopts_a_proven_orphan_of(
+    b: Backend,
+    content: &[u8],
+    encoding: Encoding,
+) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
     env.set("UNICAS_HOLD_MAX_BYTES", 0);
     let app = env.create_app("hub")?;
     let sp = space("s");
-    let (h, bytes) = leaf(b"adopt me");
+    let (h, bytes) = leaf(content);
     env.crash_at("publish.after_object", |server| {
         let client = app.client(&server);
         let (h, bytes) = (h, bytes.clone());
@@ -120,9 +142,11 @@ async fn fsck_adopts_a_proven_orphan(b: Backend) -> anyhow::Result<()> {
     let (ok, report) = env.fsck("hub", &["--repair-orphans"])?;
     assert!(ok, "{report:#}");
     assert_eq!(report["orphansAdopted"], 1, "{report:#}");
+    let row = meta.node(&app.app, &sp, &h).await?;
+    assert_eq!(row.map(|r| r.encoding), Some(encoding));
     let server = env.start()?;
     let client = app.client(&server);
-    assert_eq!(&client.read_node(&sp, &h).await?[..], b"adopt me");
+    assert_eq!(&client.read_node(&sp, &h).await?[..], content);
     env.check_invariants(&meta, &app.app).await?;
     env.assert_consistent("hub")?;
     Ok(())

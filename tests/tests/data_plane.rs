@@ -560,8 +560,8 @@ async fn compression_at_rest(b: Backend) -> anyhow::Result<()> {
         );
     }
     assert_eq!(&client.read_node(&sp, &n).await?[..], &noise[..]);
-    // Larger content is compressed only when a sample spread over it compresses: text is,
-    // noise is stored as it is, whether it is encoded in memory (up to 4 MiB) or streamed.
+    // Larger content is compressed only when a sample spread over it compresses: text is, noise
+    // is stored as it is (an adopted upload with its header), in memory (to 4 MiB) or streamed.
     let mut stored = client.usage(&sp).await?.ready_stored_bytes;
     for (len, compressible) in [1usize << 20, 5 << 20]
         .map(|l| [(l, true), (l, false)])
@@ -578,7 +578,7 @@ async fn compression_at_rest(b: Backend) -> anyhow::Result<()> {
         stored = now;
         match compressible {
             true => assert!(grew < len / 2, "{len} bytes of text stored as {grew}"),
-            false => assert_eq!(grew, len, "{len} bytes of noise stored as {grew}"),
+            false => assert!((len..len + 64).contains(&grew), "noise stored as {grew}"),
         }
         assert_eq!(&client.read_node(&sp, &h).await?[..], &content[..]);
     }

@@ -15,14 +15,7 @@ use tests::*;
 async fn deltas_are_read_back_and_outlive_their_bases(b: Backend) -> anyhow::Result<()> {
     let (env, app, server, client, meta) = hub_app(b).await?;
     let sp = space("s");
-    let row = |h: Hash| {
-        let (meta, app, sp) = (meta.clone(), app.app.clone(), sp.clone());
-        async move {
-            meta.node(&app, &sp, &h)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no row for {h}"))
-        }
-    };
+    let row = |h: Hash| row_of(&meta, &app.app, &sp, h);
 
     // Small versions travel inline in batch leases; large ones are uploaded.
     for size in [20_000usize, 600_000] {

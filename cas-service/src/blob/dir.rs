@@ -166,6 +166,14 @@ impl SafeDir {
         Ok(())
     }
 
+    /// Whether `name` (not followed if a link) is the file open as `file`: the same inode of
+    /// the same filesystem.
+    pub fn holds_file(&self, name: &str, file: &File) -> io::Result<bool> {
+        let named = rustix::fs::statat(&*self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)?;
+        let open = rustix::fs::fstat(file)?;
+        Ok((named.st_dev, named.st_ino) == (open.st_dev, open.st_ino))
+    }
+
     /// Renames `name` to `to_name` in `to` (replacing it).
     pub fn rename(&self, name: &str, to: &SafeDir, to_name: &str) -> io::Result<()> {
         rustix::fs::renameat(&*self.fd, component(name)?, &*to.fd, component(to_name)?)?;

@@ -13,6 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use super::dir::{SafeDir, SpoolFile};
 use super::{BlobError, BodyStream, ListedObject, ObjectReader, PutOnceError, Spool, blocking};
 
+mod adopt;
+pub use adopt::HeldUpload;
+
 #[derive(Debug, Clone)]
 pub struct FsStore {
     root: SafeDir,

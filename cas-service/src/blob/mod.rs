@@ -4,7 +4,8 @@
 //! Key layout (relative to the store's root or prefix):
 //!
 //! ```text
-//! app.<appId>/space.<spaceId>/nodes/<hh>/<hash>.<generation>   own content of a ready node
+//! app.<appId>/space.<spaceId>/nodes/<hh>/<hash>.<generation>   a ready node's own content
+//!                                                              (or portable bytes, adopted)
 //! app.<appId>/space.<spaceId>/packs/<packId>                    small nodes packed together
 //! uploads/app.<appId>/space.<spaceId>/<generation>             portable node of an upload
 //! ```
@@ -30,7 +31,7 @@ mod s3;
 mod spool;
 
 pub use dir::{SafeDir, SpoolFile};
-pub use fs::FsStore;
+pub use fs::{FsStore, HeldUpload};
 pub use s3::S3Store;
 pub use spool::Spool;
 
@@ -49,6 +50,10 @@ pub enum Encoding {
     Identity,
     /// One zstd frame.
     Zstd,
+    /// The node's portable bytes, the own content as is after the header: an upload adopted
+    /// as its object (`crate::adopt`). The content starts at `stored_bytes - size`
+    /// (`NodeRow::content_offset`); readers start there.
+    Portable,
     /// One zstd frame compressed with another node's own content (the row's delta base) as
     /// its dictionary; see `crate::delta`.
     ZstdDelta,
@@ -59,12 +64,13 @@ pub enum Encoding {
 
 impl Encoding {
     /// The encodings an object can be read in without another object.
-    pub const STANDALONE: [Encoding; 2] = [Encoding::Identity, Encoding::Zstd];
+    pub const STANDALONE: [Encoding; 3] = [Encoding::Identity, Encoding::Zstd, Encoding::Portable];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Encoding::Identity => "identity",
             Encoding::Zstd => "zstd",
+            Encoding::Portable => "portable",
             Encoding::ZstdDelta => "zstd-delta",
             Encoding::Base64Runs => "base64-runs",
         }
@@ -74,6 +80,7 @@ impl Encoding {
         match s {
             "identity" => Some(Encoding::Identity),
             "zstd" => Some(Encoding::Zstd),
+            "portable" => Some(Encoding::Portable),
             "zstd-delta" => Some(Encoding::ZstdDelta),
             "base64-runs" => Some(Encoding::Base64Runs),
             _ => None,
@@ -85,12 +92,12 @@ impl Encoding {
         Encoding::STANDALONE.contains(&self)
     }
 
-    /// The own content, read from an object stored this way. Only encodings that
-    /// [stream](Encoding::streams) can: the reader of any other fails (read it through
-    /// `Service::delta_content`).
+    /// The own content, read from an object stored this way (a portable object read from
+    /// its content's offset on). Only encodings that [stream](Encoding::streams) can: the
+    /// reader of any other fails (read it through `Service::delta_content`).
     pub fn decode(self, object: ObjectReader) -> ObjectReader {
         match self {
-            Encoding::Identity => object,
+            Encoding::Identity | Encoding::Portable => object,
             Encoding::Zstd => Box::pin(async_compression::tokio::bufread::ZstdDecoder::new(
                 tokio::io::BufReader::new(object),
             )),
@@ -100,6 +107,21 @@ impl Encoding {
             }
         }
     }
+}
+
+/// The own content of an object stored as `encoding`, read from its start: the `offset` bytes
+/// before the content (a portable object's header) are read past first.
+pub async fn content_reader(
+    encoding: Encoding,
+    mut object: ObjectReader,
+    offset: u64,
+) -> std::io::Result<ObjectReader> {
+    use tokio::io::AsyncReadExt;
+    let skipped = tokio::io::copy(&mut (&mut object).take(offset), &mut tokio::io::sink()).await?;
+    if skipped < offset {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(encoding.decode(object))
 }
 
 /// The reader of an object that is only read in memory (a delta needs its base): every read
@@ -349,6 +371,32 @@ impl BlobStore {
             match &self.backend {
                 Backend::Fs(fs) => fs.put_once(key, body, max).await,
                 Backend::S3(s3) => s3.put_once(key, body, max).await,
+            }
+        })
+        .await
+    }
+
+    /// The upload at `key` held open, to be read where it lies and then adopted as an object
+    /// ([`BlobStore::adopt`]); `None` when nothing is there, and always on a store whose
+    /// objects are not files (S3), where an upload is read and its object written anew.
+    pub async fn hold_upload(&self, key: &str) -> Result<Option<HeldUpload>, BlobError> {
+        match &self.backend {
+            Backend::Fs(fs) => self.timed("get", fs.hold_upload(key)).await,
+            Backend::S3(_) => Ok(None),
+        }
+    }
+
+    /// Makes a held upload the object at `key`, durably (on the filesystem, a checked hard
+    /// link: its bytes are not written again).
+    pub async fn adopt(&self, held: &HeldUpload, key: &str) -> Result<(), BlobError> {
+        self.timed("adopt", async {
+            match &self.backend {
+                Backend::Fs(fs) => fs.adopt(held, key).await,
+                Backend::S3(_) => Err(BlobError::S3 {
+                    op: "adopt",
+                    key: key.to_string(),
+                    message: "uploads are adopted only on the filesystem".to_string(),
+                }),
             }
         })
         .await

@@ -17,13 +17,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId};
+use cas_format::node::NodeHasher;
+use cas_format::{AppId, ContentType, Hash, NodeDescriptor, NodeError, SpaceId};
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
 
 use crate::blob::{
-    Encoding, ListedObject, node_key, node_prefix, pack_key, parse_node_key, parse_pack_key,
-    upload_key,
+    Encoding, ListedObject, ObjectReader, content_reader, node_key, node_prefix, pack_key,
+    parse_node_key, parse_pack_key, upload_key,
 };
 use crate::delta::ContentError;
 use crate::meta::{
@@ -218,25 +219,20 @@ impl Service {
                 if opts.verify_content {
                     let refs = self.meta.node_refs(&opts.app, &space, &row.hash).await?;
                     let ct = ContentType::new(row.content_type.clone())?;
-                    let mut hasher = NodeDescriptor::new(ct, refs, row.size as u64).hasher()?;
-                    let mut content = row.encoding.decode(reader);
-                    let mut buf = vec![0u8; 256 << 10];
-                    let read = loop {
-                        match content.read(&mut buf).await {
-                            Ok(0) => break Ok(()),
-                            Ok(n) => hasher.update(&buf[..n]),
-                            Err(e) => break Err(e),
+                    let hasher = NodeDescriptor::new(ct, refs, row.size as u64).hasher()?;
+                    let offset = row.content_offset();
+                    let finished = match hash_stored(hasher, row.encoding, reader, offset).await {
+                        Ok(finished) => finished,
+                        Err(e) => {
+                            // A damaged object: a finding, not the end of the check.
+                            report.bad(
+                                "object-hash",
+                                format!("{space}/{}: the object does not decode: {e}", row.hash),
+                            );
+                            continue;
                         }
                     };
-                    if let Err(e) = read {
-                        // A damaged object: a finding, not the end of the check.
-                        report.bad(
-                            "object-hash",
-                            format!("{space}/{}: the object does not decode: {e}", row.hash),
-                        );
-                        continue;
-                    }
-                    match hasher.finish() {
+                    match finished {
                         Ok(h) if h == row.hash => {}
                         Ok(h) => report.bad(
                             "object-hash",
@@ -533,33 +529,47 @@ impl Service {
         evidence: &Evidence,
     ) -> anyhow::Result<Option<Encoding>> {
         let key = node_key(app, space, &g.hash, &g.object_name());
+        let d = NodeDescriptor::new(
+            ContentType::new(evidence.content_type.clone())?,
+            evidence.refs.clone(),
+            evidence.content_size as u64,
+        );
         for encoding in Encoding::STANDALONE {
-            let Some((reader, _)) = self.blobs.get(&key, None).await? else {
+            let Some((reader, len)) = self.blobs.get(&key, None).await? else {
                 return Ok(None);
             };
-            let mut content = encoding.decode(reader);
-            let d = NodeDescriptor::new(
-                ContentType::new(evidence.content_type.clone())?,
-                evidence.refs.clone(),
-                evidence.content_size as u64,
-            );
-            let mut hasher = d.hasher()?;
-            let mut buf = vec![0u8; 256 << 10];
-            let mut ok = true;
-            loop {
-                match content.read(&mut buf).await {
-                    Ok(0) => break,
-                    Ok(n) => hasher.update(&buf[..n]),
-                    Err(_) => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            if ok && hasher.finish().ok() == Some(g.hash) {
+            // A portable object is the node's header and then its content.
+            let offset = match encoding {
+                Encoding::Portable => match len.checked_sub(evidence.content_size as u64) {
+                    Some(header) if header > 0 => header,
+                    _ => continue,
+                },
+                _ => 0,
+            };
+            let found = hash_stored(d.hasher()?, encoding, reader, offset).await;
+            if matches!(found, Ok(Ok(h)) if h == g.hash) {
                 return Ok(Some(encoding));
             }
         }
         Ok(None)
+    }
+}
+
+/// Finishes `hasher` over the content of `object`, stored as `encoding` with the content from
+/// `offset` on: `Err` when the object does not decode, else what the hasher answers (an
+/// error when the content's length is not the node's).
+async fn hash_stored(
+    mut hasher: NodeHasher,
+    encoding: Encoding,
+    object: ObjectReader,
+    offset: u64,
+) -> std::io::Result<Result<Hash, NodeError>> {
+    let mut content = content_reader(encoding, object, offset).await?;
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        match content.read(&mut buf).await? {
+            0 => return Ok(hasher.finish()),
+            n => hasher.update(&buf[..n]),
+        }
     }
 }

@@ -62,6 +62,15 @@ impl NodeRow {
         }
     }
 
+    /// Where the own content starts in its object: after the header of a portable object,
+    /// else at its start.
+    pub fn content_offset(&self) -> u64 {
+        match self.encoding {
+            Encoding::Portable => self.stored_bytes.saturating_sub(self.size).max(0) as u64,
+            _ => 0,
+        }
+    }
+
     /// Whether its stored bytes are an object of its own (not a pack entry, not held).
     pub fn own_object(&self) -> bool {
         self.pack.is_none() && !self.held

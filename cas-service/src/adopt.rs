@@ -1,0 +1,124 @@
+//! Uploads adopted as their nodes' objects. On a filesystem store the bytes a client PUT to the
+//! service's own URL are a file already. When re-encoding them gains nothing (no delta base is
+//! named, the node is too large to be held in its row, and a sample of its content says it does
+//! not compress), the upload is validated where it lies and hard-linked into place as the
+//! node's object ([`Encoding::Portable`]: its portable bytes, the own content after the header),
+//! so its bytes are written once, not twice, and none are deleted after.
+
+use cas_format::{AppId, Hash, SpaceId};
+
+use crate::Service;
+use crate::blob::{Encoding, HeldUpload, node_key, upload_key};
+use crate::error::{ApiError, ApiResult};
+use crate::materialize::{Content, MaterializeError, READ_CHUNK, Validated};
+use crate::meta::{Evidence, Generation, StoredObject, TargetKind};
+
+/// Uploads smaller than this are copied as before: a copy costs little, and the header an
+/// adopted object keeps would be a visible share of what it stores.
+pub(crate) const ADOPT_MIN_BYTES: u64 = 64 << 10;
+
+impl Service {
+    /// The upload of `g` validated where it lies, to be adopted as its object; `None` when it
+    /// is not to be adopted (see the module) and is to be read and stored anew.
+    pub(crate) async fn validate_for_adoption(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+    ) -> Result<Option<Validated>, MaterializeError> {
+        if g.target != TargetKind::Service {
+            return Ok(None);
+        }
+        let held = self
+            .blobs
+            .hold_upload(&upload_key(app, space, &g.gen_id))
+            .await
+            .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
+        let Some(held) = held else {
+            return Ok(None);
+        };
+        if !self.adopts(held.size()) || self.upload_compresses(&held).await? {
+            return Ok(None);
+        }
+        let (evidence, canonical_len) = self.validate_held(&held, &g.hash).await?;
+        // A header so large that the content alone would be held or copied: copied.
+        if !self.adopts(evidence.content_size.max(0) as u64) {
+            return Ok(None);
+        }
+        Ok(Some(Validated {
+            evidence,
+            canonical_len,
+            content: Content::Held(held),
+        }))
+    }
+
+    /// Whether content of `size` bytes is adopted rather than copied: large enough, and not
+    /// to be held in its row.
+    fn adopts(&self, size: u64) -> bool {
+        size >= ADOPT_MIN_BYTES && !self.holds(size)
+    }
+
+    /// Whether compression is on for the upload's size and its sample says it compresses.
+    async fn upload_compresses(&self, held: &HeldUpload) -> ApiResult<bool> {
+        let (min, len) = (self.config.compress_min_bytes, held.size());
+        if min == 0 || len < min {
+            return Ok(false);
+        }
+        let level = self.config.compress_level;
+        crate::compressibility::file_worth_compressing_async(held.file(), len, level)
+            .await
+            .map_err(|e| ApiError::storage_unavailable("reading an upload", e))
+    }
+
+    /// Checks the held upload's bytes as [`Service::validate_into`] checks a stream, read in
+    /// one blocking task from where they lie.
+    async fn validate_held(
+        &self,
+        held: &HeldUpload,
+        hash: &Hash,
+    ) -> Result<(Evidence, u64), MaterializeError> {
+        let mut check = self.node_check(held.size())?;
+        let reading = |e| ApiError::storage_unavailable("reading an upload", e);
+        let file = held.file().try_clone().map_err(reading)?;
+        let hash = *hash;
+        tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; READ_CHUNK];
+            let mut at = 0u64;
+            loop {
+                let n = file.read_at(&mut buf, at).map_err(reading)?;
+                if n == 0 {
+                    return check.finish(&hash);
+                }
+                check.feed(&buf[..n])?;
+                at += n as u64;
+            }
+        })
+        .await
+        .map_err(|e| ApiError::internal("validating an upload", e))?
+    }
+
+    /// Makes the validated upload of attempt `g` its object, durably; returns what the row
+    /// records (its portable bytes, `canonical_len` long).
+    pub(crate) async fn adopt_object(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+        held: HeldUpload,
+        canonical_len: u64,
+    ) -> ApiResult<StoredObject> {
+        Self::put_failpoint().await?;
+        let key = node_key(app, space, &g.hash, &g.object_name());
+        self.blobs
+            .adopt(&held, &key)
+            .await
+            .map_err(|e| ApiError::blob("writing an object", e))?;
+        Ok(StoredObject {
+            encoding: Encoding::Portable,
+            stored_bytes: canonical_len as i64,
+            delta: None,
+            held: None,
+        })
+    }
+}
