@@ -17,17 +17,27 @@ use crate::meta::{Evidence, Generation, StoredObject, TargetKind};
 /// adopted object keeps would be a visible share of what it stores.
 pub(crate) const ADOPT_MIN_BYTES: u64 = 64 << 10;
 
+/// Whether an upload is adopted.
+pub(crate) enum Adoption {
+    /// Validated where it lies, to become its object.
+    Adopted(Validated),
+    /// To be read and stored anew; `sampled` is what a sample of it said about compressing
+    /// it, if one was taken.
+    Copied { sampled: Option<bool> },
+}
+
 impl Service {
-    /// The upload of `g` validated where it lies, to be adopted as its object; `None` when it
-    /// is not to be adopted (see the module) and is to be read and stored anew.
+    /// The upload of `g` validated where it lies, to be adopted as its object, or why not
+    /// (see the module).
     pub(crate) async fn validate_for_adoption(
         &self,
         app: &AppId,
         space: &SpaceId,
         g: &Generation,
-    ) -> Result<Option<Validated>, MaterializeError> {
+    ) -> Result<Adoption, MaterializeError> {
+        let copied = |sampled| Ok(Adoption::Copied { sampled });
         if g.target != TargetKind::Service {
-            return Ok(None);
+            return copied(None);
         }
         let held = self
             .blobs
@@ -35,17 +45,21 @@ impl Service {
             .await
             .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
         let Some(held) = held else {
-            return Ok(None);
+            return copied(None);
         };
-        if !self.adopts(held.size()) || self.upload_compresses(&held).await? {
-            return Ok(None);
+        if !self.adopts(held.size()) {
+            return copied(None);
+        }
+        let sampled = self.upload_compresses(&held).await?;
+        if sampled == Some(true) {
+            return copied(sampled);
         }
         let (evidence, canonical_len) = self.validate_held(&held, &g.hash).await?;
         // A header so large that the content alone would be held or copied: copied.
         if !self.adopts(evidence.content_size.max(0) as u64) {
-            return Ok(None);
+            return copied(sampled);
         }
-        Ok(Some(Validated {
+        Ok(Adoption::Adopted(Validated {
             evidence,
             canonical_len,
             content: Content::Held(held),
@@ -58,15 +72,17 @@ impl Service {
         size >= ADOPT_MIN_BYTES && !self.holds(size)
     }
 
-    /// Whether compression is on for the upload's size and its sample says it compresses.
-    async fn upload_compresses(&self, held: &HeldUpload) -> ApiResult<bool> {
+    /// Whether the upload's sample says it compresses; `None` when compression is off for
+    /// its size (nothing is sampled).
+    async fn upload_compresses(&self, held: &HeldUpload) -> ApiResult<Option<bool>> {
         let (min, len) = (self.config.compress_min_bytes, held.size());
         if min == 0 || len < min {
-            return Ok(false);
+            return Ok(None);
         }
         let level = self.config.compress_level;
         crate::compressibility::file_worth_compressing_async(held.file(), len, level)
             .await
+            .map(Some)
             .map_err(|e| ApiError::storage_unavailable("reading an upload", e))
     }
 

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use bytes::Bytes;
 use cas_format::Hash;
 
+use crate::adopt::Adoption;
 use crate::blob::{Encoding, HeldUpload, SpoolFile, node_key};
 use crate::delta::{IN_MEMORY_MAX, identity};
 use crate::error::{ApiError, ApiResult};
@@ -31,9 +32,16 @@ pub(crate) struct Validated {
 /// Where a validated upload's content waits to be stored.
 pub(crate) enum Content {
     /// The own content alone, spooled to a local file.
-    Spooled(SpoolFile),
+    Spooled(SpooledContent),
     /// The upload itself, held open, to become the object as it is (`crate::adopt`).
     Held(HeldUpload),
+}
+
+/// Own content spooled to a local file, and whether a sample of the upload already said it
+/// compresses (when one was taken: then it is not sampled again).
+pub(crate) struct SpooledContent {
+    pub file: SpoolFile,
+    pub sampled: Option<bool>,
 }
 
 /// The checks of one node's portable bytes, fed in pieces: the node format, its limits and
@@ -167,23 +175,28 @@ impl Service {
         g: &Generation,
         adopt: bool,
     ) -> Result<Validated, MaterializeError> {
-        if adopt && let Some(held) = self.validate_for_adoption(app, space, g).await? {
-            return Ok(held);
+        let mut sampled = None;
+        if adopt {
+            match self.validate_for_adoption(app, space, g).await? {
+                Adoption::Adopted(held) => return Ok(held),
+                Adoption::Copied { sampled: s } => sampled = s,
+            }
         }
         let (reader, len) = match self.staging().open(app, space, g).await? {
             Some(found) => found,
             None => return Err(MaterializeError::NotUploaded),
         };
-        self.validate(reader, len, &g.hash).await
+        self.validate(reader, len, &g.hash, sampled).await
     }
 
     /// Streams `len` portable bytes of the node `hash` through the validator, spooling the own
-    /// content.
+    /// content (of which a sample of the upload said it compresses or not, if one was taken).
     pub(crate) async fn validate(
         &self,
         reader: impl tokio::io::AsyncRead + Unpin,
         len: u64,
         hash: &cas_format::Hash,
+        sampled: Option<bool>,
     ) -> Result<Validated, MaterializeError> {
         let spool = self
             .blobs
@@ -200,7 +213,10 @@ impl Service {
         Ok(Validated {
             evidence,
             canonical_len,
-            content: Content::Spooled(spool),
+            content: Content::Spooled(SpooledContent {
+                file: spool,
+                sampled,
+            }),
         })
     }
 
@@ -278,10 +294,11 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         g: &Generation,
-        spool: SpoolFile,
+        spooled: SpooledContent,
         size: u64,
         hint: Option<Hash>,
     ) -> ApiResult<StoredObject> {
+        let (spool, sampled) = (spooled.file, spooled.sampled);
         let key = node_key(app, space, &g.hash, &g.object_name());
         let min = self.config.compress_min_bytes;
         let compress = min > 0 && size >= min;
@@ -293,7 +310,11 @@ impl Service {
                     None if !compress => None,
                     // Content that its sample says does not compress is written as it is,
                     // without being read whole.
-                    None if !hold && !self.spool_worth_compressing(&spool, size).await? => None,
+                    None if !hold
+                        && !self.spool_worth_compressing(&spool, sampled, size).await? =>
+                    {
+                        None
+                    }
                     base => {
                         let content = read_spool(&spool, size).await?;
                         // Without a base, the sample above said the content compresses, or
@@ -323,7 +344,7 @@ impl Service {
             }
             self.put(&key, spool, stored.stored_bytes as u64).await?;
             return Ok(stored);
-        } else if compress && self.spool_worth_compressing(&spool, size).await? {
+        } else if compress && self.spool_worth_compressing(&spool, sampled, size).await? {
             let compressed = self.compress(&spool).await?;
             let len = compressed
                 .file()
@@ -438,8 +459,16 @@ impl Service {
     }
 
     /// Whether the `size` bytes of content in `spool` are worth compressing, from a sample
-    /// read alone ([`crate::compressibility`]).
-    async fn spool_worth_compressing(&self, spool: &SpoolFile, size: u64) -> ApiResult<bool> {
+    /// read alone ([`crate::compressibility`]), unless one was `sampled` already.
+    async fn spool_worth_compressing(
+        &self,
+        spool: &SpoolFile,
+        sampled: Option<bool>,
+        size: u64,
+    ) -> ApiResult<bool> {
+        if let Some(known) = sampled {
+            return Ok(known);
+        }
         let level = self.config.compress_level;
         crate::compressibility::file_worth_compressing_async(spool.file(), size, level)
             .await
