@@ -15,15 +15,19 @@ use crate::meta::{Evidence, Generation, StoredObject, TargetKind};
 
 /// Uploads smaller than this are copied as before: a copy costs little, and the header an
 /// adopted object keeps would be a visible share of what it stores.
-pub(crate) const ADOPT_MIN_BYTES: u64 = 64 << 10;
+const ADOPT_MIN_BYTES: u64 = 64 << 10;
 
 /// Whether an upload is adopted.
 pub(crate) enum Adoption {
     /// Validated where it lies, to become its object.
     Adopted(Validated),
-    /// To be read and stored anew; `sampled` is what a sample of it said about compressing
-    /// it, if one was taken.
-    Copied { sampled: Option<bool> },
+    /// To be read and stored anew, from the upload held open when there is one (it is not
+    /// opened again); `sampled` is what a sample of it said about compressing it, if one was
+    /// taken.
+    Copied {
+        held: Option<HeldUpload>,
+        sampled: Option<bool>,
+    },
 }
 
 impl Service {
@@ -35,9 +39,9 @@ impl Service {
         space: &SpaceId,
         g: &Generation,
     ) -> Result<Adoption, MaterializeError> {
-        let copied = |sampled| Ok(Adoption::Copied { sampled });
+        let copied = |held, sampled| Ok(Adoption::Copied { held, sampled });
         if g.target != TargetKind::Service {
-            return copied(None);
+            return copied(None, None);
         }
         let held = self
             .blobs
@@ -45,19 +49,19 @@ impl Service {
             .await
             .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
         let Some(held) = held else {
-            return copied(None);
+            return copied(None, None);
         };
         if !self.adopts(held.size()) {
-            return copied(None);
+            return copied(Some(held), None);
         }
         let sampled = self.upload_compresses(&held).await?;
         if sampled == Some(true) {
-            return copied(sampled);
+            return copied(Some(held), sampled);
         }
         let (evidence, canonical_len) = self.validate_held(&held, &g.hash).await?;
         // A header so large that the content alone would be held or copied: copied.
         if !self.adopts(evidence.content_size.max(0) as u64) {
-            return copied(sampled);
+            return copied(Some(held), sampled);
         }
         Ok(Adoption::Adopted(Validated {
             evidence,

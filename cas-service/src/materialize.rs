@@ -14,7 +14,7 @@ use bytes::Bytes;
 use cas_format::Hash;
 
 use crate::adopt::Adoption;
-use crate::blob::{Encoding, HeldUpload, SpoolFile, node_key};
+use crate::blob::{Encoding, HeldUpload, ObjectReader, SpoolFile, node_key};
 use crate::delta::{IN_MEMORY_MAX, identity};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Evidence, Generation, StoredObject};
@@ -175,16 +175,27 @@ impl Service {
         g: &Generation,
         adopt: bool,
     ) -> Result<Validated, MaterializeError> {
-        let mut sampled = None;
-        if adopt {
-            match self.validate_for_adoption(app, space, g).await? {
-                Adoption::Adopted(held) => return Ok(held),
-                Adoption::Copied { sampled: s } => sampled = s,
+        let (held, sampled) = match adopt {
+            false => (None, None),
+            true => match self.validate_for_adoption(app, space, g).await? {
+                Adoption::Adopted(validated) => return Ok(validated),
+                Adoption::Copied { held, sampled } => (held, sampled),
+            },
+        };
+        let (reader, len) = match held {
+            // Read from its start (its checks so far read by position).
+            Some(held) => {
+                let file = held
+                    .file()
+                    .try_clone()
+                    .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
+                let reader: ObjectReader = Box::pin(tokio::fs::File::from_std(file));
+                (reader, held.size())
             }
-        }
-        let (reader, len) = match self.staging().open(app, space, g).await? {
-            Some(found) => found,
-            None => return Err(MaterializeError::NotUploaded),
+            None => match self.staging().open(app, space, g).await? {
+                Some(found) => found,
+                None => return Err(MaterializeError::NotUploaded),
+            },
         };
         self.validate(reader, len, &g.hash, sampled).await
     }
