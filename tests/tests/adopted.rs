@@ -2,10 +2,12 @@
 //! not compress, that names no delta base and is too large to be held in its row becomes its
 //! object as it was received (its portable bytes, written once). It reads back whole and by
 //! range, serves as a delta base, is verified by fsck (which finds damage in it) and is
-//! collected by GC like any other node. Content that compresses, small content, and object
+//! collected by GC like any other node; two publications of one upload at once leave the
+//! winner's object intact. Content that compresses, small content, and object
 //! stores whose objects are not files are stored as before.
 
 use cas_format::Hash;
+use cas_format::wire::LeaseResponse;
 use cas_service::blob::{Encoding, node_key};
 use tests::content::*;
 use tests::*;
@@ -106,4 +108,63 @@ async fn uploads_that_do_not_compress_become_their_objects(b: Backend) -> anyhow
     Ok(())
 }
 
-e2e!(uploads_that_do_not_compress_become_their_objects);
+/// Two leases publish one uploaded node at once, each writing its own attempt's object: on the
+/// filesystem both are names of the one uploaded file. The loser removes its name only; the
+/// winner's object keeps the bytes, the node reads back, and fsck finds nothing.
+async fn racing_publications_of_one_upload(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    // Each publication waits after writing its object, so the second writes while the first
+    // is about to commit its row.
+    let server = env.start_with(&[("UNICAS_FAILPOINTS", "publish.after_object=delay:700")])?;
+    let client = app.client(&server);
+    let meta = env.meta().await?;
+    let sp = space("s");
+    for round in 0..3u64 {
+        let content = noise(10 + round, 300_000);
+        let (h, portable) = leaf(&content);
+        let LeaseResponse::AwaitingUpload { upload, .. } =
+            client.lease_node(&sp, &h, LEASE, None).await?
+        else {
+            anyhow::bail!("round {round}: not awaiting its upload");
+        };
+        client.upload(&upload, portable).await?;
+        let early = {
+            let (client, sp) = (client.clone(), sp.clone());
+            tokio::spawn(async move { client.lease_node(&sp, &h, LEASE, None).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let late = client.lease_node(&sp, &h, LEASE, None).await?;
+        let early = early.await??;
+        for r in [&early, &late] {
+            assert!(
+                matches!(r, LeaseResponse::Ready { .. }),
+                "round {round}: {r:?}"
+            );
+        }
+        assert_eq!(&client.read_node(&sp, &h).await?[..], &content[..]);
+        let row = row_of(&meta, &app.app, &sp, h).await?;
+        if b.blobs == Blobs::Fs {
+            assert_eq!(row.encoding, Encoding::Portable, "round {round}");
+        }
+        let objects = env.node_objects(&app, &sp).await?;
+        let of_node: Vec<&str> = objects
+            .iter()
+            .map(|o| o.key.as_str())
+            .filter(|k| k.contains(&h.to_hex()))
+            .collect();
+        assert_eq!(
+            of_node,
+            vec![node_key(&app.app, &sp, &h, &row.object_gen).as_str()],
+            "round {round}: only the published attempt's object is left"
+        );
+    }
+    env.assert_consistent("hub")?;
+    drop(server);
+    Ok(())
+}
+
+e2e!(
+    uploads_that_do_not_compress_become_their_objects,
+    racing_publications_of_one_upload,
+);
