@@ -319,6 +319,29 @@ impl TestEnv {
         Ok(self.blobs().await?.list(prefix).await?)
     }
 
+    /// Fails unless the only object of node `row` in a Space is the one its row names (what
+    /// publications that raced must leave).
+    pub async fn assert_only_object_of(
+        &self,
+        app: &TestApp,
+        sp: &SpaceId,
+        row: &cas_service::meta::NodeRow,
+    ) -> anyhow::Result<()> {
+        let hex = row.hash.to_hex();
+        let of_node: Vec<String> = self
+            .node_objects(app, sp)
+            .await?
+            .into_iter()
+            .map(|o| o.key)
+            .filter(|k| k.contains(&hex))
+            .collect();
+        let published = cas_service::blob::node_key(&app.app, sp, &row.hash, &row.object_gen);
+        if of_node != [published] {
+            bail!("{}: objects {of_node:?}, not only its row's", row.hash);
+        }
+        Ok(())
+    }
+
     /// Starts a server that pauses at `failpoint`, asks it for a GC pass of `space`, and kills
     /// it (SIGKILL) once the pass reached the failpoint.
     pub async fn kill_during_gc(

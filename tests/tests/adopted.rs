@@ -6,6 +6,7 @@
 //! winner's object intact. Content that compresses, small content, and object
 //! stores whose objects are not files are stored as before.
 
+use anyhow::Context;
 use cas_format::Hash;
 use cas_format::wire::LeaseResponse;
 use cas_service::blob::{Encoding, node_key};
@@ -147,17 +148,10 @@ async fn racing_publications_of_one_upload(b: Backend) -> anyhow::Result<()> {
         if b.blobs == Blobs::Fs {
             assert_eq!(row.encoding, Encoding::Portable, "round {round}");
         }
-        let objects = env.node_objects(&app, &sp).await?;
-        let of_node: Vec<&str> = objects
-            .iter()
-            .map(|o| o.key.as_str())
-            .filter(|k| k.contains(&h.to_hex()))
-            .collect();
-        assert_eq!(
-            of_node,
-            vec![node_key(&app.app, &sp, &h, &row.object_gen).as_str()],
-            "round {round}: only the published attempt's object is left"
-        );
+        // Only the published attempt's object is left.
+        env.assert_only_object_of(&app, &sp, &row)
+            .await
+            .with_context(|| format!("round {round}"))?;
     }
     env.assert_consistent("hub")?;
     drop(server);

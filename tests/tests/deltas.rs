@@ -2,6 +2,7 @@
 //! that pays, read back byte for byte (whole and by range), stored alone by GC before its base
 //! goes, and never read as other bytes when a base is damaged.
 
+use anyhow::Context;
 use cas_format::Hash;
 use cas_service::blob::{Encoding, node_key};
 use serde_json::Value;
@@ -352,21 +353,11 @@ async fn racing_publications_keep_the_winners_bytes(b: Backend) -> anyhow::Resul
             &v[..],
             "round {round}"
         );
-        let row = meta
-            .node(&app.app, &sp, &h)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("no row for {h}"))?;
-        let objects = env.node_objects(&app, &sp).await?;
-        let of_node: Vec<&str> = objects
-            .iter()
-            .map(|o| o.key.as_str())
-            .filter(|k| k.contains(&h.to_hex()))
-            .collect();
-        assert_eq!(
-            of_node,
-            vec![node_key(&app.app, &sp, &h, &row.object_gen).as_str()],
-            "round {round}: only the published attempt's object is left"
-        );
+        let row = row_of(&meta, &app.app, &sp, h).await?;
+        // Only the published attempt's object is left.
+        env.assert_only_object_of(&app, &sp, &row)
+            .await
+            .with_context(|| format!("round {round}"))?;
         expected.push((h, v));
     }
     read_all(&client, &sp, &expected).await?;
