@@ -3,17 +3,22 @@
 //! named, the node is too large to be held in its row, and a sample of its content says it does
 //! not compress), the upload is validated where it lies and hard-linked into place as the
 //! node's object ([`Encoding::Portable`]: its portable bytes, the own content after the header),
-//! so its bytes are written once, not twice, and none are deleted after.
+//! so its bytes are written once, not twice, and none are deleted after. On an object store,
+//! an upload the client wrote there itself through a presigned URL is read to be validated
+//! (its content spooled, as its encoding is not known before), and when its content is then
+//! stored as it is, the upload is copied into place within the store, checked to be the very
+//! version read (`crate::blob::StagedObject`): the service does not send its bytes again.
 
 use cas_format::{AppId, Hash, SpaceId};
 
 use crate::Service;
-use crate::blob::{Encoding, HeldUpload, node_key, upload_key};
+use crate::blob::{Encoding, HeldUpload, SpoolFile, StagedObject, node_key, upload_key};
+use crate::delta::identity;
 use crate::error::{ApiError, ApiResult};
 use crate::materialize::{Content, MaterializeError, READ_CHUNK, Validated};
 use crate::meta::{Evidence, Generation, StoredObject, TargetKind};
 
-/// Uploads smaller than this are copied as before: a copy costs little, and the header an
+/// Uploads smaller than this are stored anew as before: a copy costs little, and the header an
 /// adopted object keeps would be a visible share of what it stores.
 const ADOPT_MIN_BYTES: u64 = 64 << 10;
 
@@ -116,6 +121,43 @@ impl Service {
         })
         .await
         .map_err(|e| ApiError::internal("validating an upload", e))?
+    }
+
+    /// Stores own content of `size` bytes that is kept as it is at `key`: an upload of at least
+    /// [`ADOPT_MIN_BYTES`] that the client wrote to the object store itself is copied into
+    /// place there (its portable bytes, the version validated); anything else, or an upload
+    /// no longer the version validated, is the spool file put.
+    pub(crate) async fn store_as_is(
+        &self,
+        key: &str,
+        spool: SpoolFile,
+        size: u64,
+        staged: Option<StagedObject>,
+    ) -> ApiResult<StoredObject> {
+        if let Some(staged) = staged.filter(|_| size >= ADOPT_MIN_BYTES) {
+            Self::put_failpoint().await?;
+            match self.blobs.copy_staged(&staged, key).await {
+                Ok(true) => {
+                    return Ok(StoredObject {
+                        encoding: Encoding::Portable,
+                        stored_bytes: staged.len as i64,
+                        delta: None,
+                        held: None,
+                    });
+                }
+                Ok(false) => tracing::warn!(
+                    upload = %staged.key,
+                    "an upload is not the version validated any more; its content is sent"
+                ),
+                Err(e) => tracing::warn!(
+                    upload = %staged.key,
+                    error = %e,
+                    "an upload could not be copied into place; its content is sent"
+                ),
+            }
+        }
+        self.put(key, spool, size).await?;
+        Ok(identity(size))
     }
 
     /// Makes the validated upload of attempt `g` its object, durably; returns what the row

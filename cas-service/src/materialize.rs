@@ -14,7 +14,7 @@ use bytes::Bytes;
 use cas_format::Hash;
 
 use crate::adopt::Adoption;
-use crate::blob::{Encoding, HeldUpload, ObjectReader, SpoolFile, node_key};
+use crate::blob::{Encoding, HeldUpload, ObjectReader, SpoolFile, StagedObject, node_key};
 use crate::delta::{IN_MEMORY_MAX, identity};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Evidence, Generation, StoredObject};
@@ -38,10 +38,13 @@ pub(crate) enum Content {
 }
 
 /// Own content spooled to a local file, and whether a sample of the upload already said it
-/// compresses (when one was taken: then it is not sampled again).
+/// compresses (when one was taken: then it is not sampled again); `staged`: the upload's
+/// object as it was read, when the client wrote it to the object store itself (to be copied
+/// into place there when its content is stored as it is, `crate::adopt`).
 pub(crate) struct SpooledContent {
     pub file: SpoolFile,
     pub sampled: Option<bool>,
+    pub staged: Option<StagedObject>,
 }
 
 /// The checks of one node's portable bytes, fed in pieces: the node format, its limits and
@@ -182,7 +185,7 @@ impl Service {
                 Adoption::Copied { held, sampled } => (held, sampled),
             },
         };
-        let (reader, len) = match held {
+        let (reader, len, staged) = match held {
             // Read from its start (its checks so far read by position).
             Some(held) => {
                 let file = held
@@ -190,14 +193,19 @@ impl Service {
                     .try_clone()
                     .map_err(|e| ApiError::storage_unavailable("reading an upload", e))?;
                 let reader: ObjectReader = Box::pin(tokio::fs::File::from_std(file));
-                (reader, held.size())
+                (reader, held.size(), None)
             }
             None => match self.staging().open(app, space, g).await? {
                 Some(found) => found,
                 None => return Err(MaterializeError::NotUploaded),
             },
         };
-        self.validate(reader, len, &g.hash, sampled).await
+        let mut validated = self.validate(reader, len, &g.hash, sampled).await?;
+        if let Content::Spooled(spooled) = &mut validated.content {
+            // The object read is the node's portable bytes, exactly.
+            spooled.staged = staged.filter(|s| s.len == validated.canonical_len);
+        }
+        Ok(validated)
     }
 
     /// Streams `len` portable bytes of the node `hash` through the validator, spooling the own
@@ -227,6 +235,7 @@ impl Service {
             content: Content::Spooled(SpooledContent {
                 file: spool,
                 sampled,
+                staged: None,
             }),
         })
     }
@@ -298,8 +307,10 @@ impl Service {
 
     /// Writes the own content of the node of generation `g` to its object: as a delta against
     /// `hint` when that base is usable and it pays, else compressed when configured and
-    /// worthwhile, else as it is (see `crate::delta`). A small node's stored bytes are kept in
-    /// memory for its row to hold instead ([`Service::holds`]). Returns what the row records.
+    /// worthwhile, else as it is (see `crate::delta`; an upload the client wrote to the object
+    /// store itself then copied into place there, [`Service::store_as_is`]). A small node's
+    /// stored bytes are kept in memory for its row to hold instead ([`Service::holds`]).
+    /// Returns what the row records.
     pub(crate) async fn write_object(
         &self,
         app: &AppId,
@@ -309,7 +320,7 @@ impl Service {
         size: u64,
         hint: Option<Hash>,
     ) -> ApiResult<StoredObject> {
-        let (spool, sampled) = (spooled.file, spooled.sampled);
+        let (spool, sampled, staged) = (spooled.file, spooled.sampled, spooled.staged);
         let key = node_key(app, space, &g.hash, &g.object_name());
         let min = self.config.compress_min_bytes;
         let compress = min > 0 && size >= min;
@@ -338,10 +349,7 @@ impl Service {
             let (bytes, stored) = match encoded {
                 Some(done) => done,
                 None if hold => (read_spool(&spool, size).await?, identity(size)),
-                None => {
-                    self.put(&key, spool, size).await?;
-                    return Ok(identity(size));
-                }
+                None => return self.store_as_is(&key, spool, size, staged).await,
             };
             if hold {
                 return Ok(StoredObject {
@@ -373,8 +381,7 @@ impl Service {
                 });
             }
         }
-        self.put(&key, spool, size).await?;
-        Ok(identity(size))
+        self.store_as_is(&key, spool, size, staged).await
     }
 
     /// As [`Service::write_object`] decides, for own content already in memory (an inline
@@ -461,7 +468,7 @@ impl Service {
         Ok(())
     }
 
-    async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
+    pub(crate) async fn put(&self, key: &str, file: SpoolFile, len: u64) -> ApiResult<()> {
         Self::put_failpoint().await?;
         self.blobs
             .put_file(key, file, len)

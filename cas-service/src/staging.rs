@@ -11,7 +11,7 @@
 use axum::http::StatusCode;
 use cas_format::{AppId, SpaceId};
 
-use crate::blob::{BlobStore, BodyStream, ObjectReader, PutOnceError, upload_key};
+use crate::blob::{BlobStore, BodyStream, ObjectReader, PutOnceError, StagedObject, upload_key};
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Generation, MetaStore, TargetKind};
 
@@ -106,23 +106,33 @@ impl Staging<'_> {
         }
     }
 
-    /// The bytes uploaded for `g` and their length, if anything was uploaded yet.
+    /// The bytes uploaded for `g` and their length, if anything was uploaded yet; for an
+    /// upload the client wrote to the object store itself, which version was read (it can be
+    /// copied into place, `crate::adopt`).
     pub async fn open(
         &self,
         app: &AppId,
         space: &SpaceId,
         g: &Generation,
-    ) -> ApiResult<Option<(ObjectReader, u64)>> {
+    ) -> ApiResult<Option<(ObjectReader, u64, Option<StagedObject>)>> {
+        let key = upload_key(app, space, &g.gen_id);
+        let reading = |e| ApiError::storage_unavailable("reading an upload", e);
         match g.target {
             TargetKind::Inline => Ok(self.meta.upload_body(&g.gen_id).await?.map(|body| {
                 let len = body.len() as u64;
-                (Box::pin(std::io::Cursor::new(body)) as ObjectReader, len)
+                (
+                    Box::pin(std::io::Cursor::new(body)) as ObjectReader,
+                    len,
+                    None,
+                )
             })),
-            TargetKind::Service | TargetKind::Presigned => self
+            TargetKind::Service => Ok(self
                 .blobs
-                .get(&upload_key(app, space, &g.gen_id), None)
+                .get(&key, None)
                 .await
-                .map_err(|e| ApiError::storage_unavailable("reading an upload", e)),
+                .map_err(reading)?
+                .map(|(r, len)| (r, len, None))),
+            TargetKind::Presigned => self.blobs.get_staged(&key).await.map_err(reading),
         }
     }
 

@@ -1,10 +1,11 @@
-//! Uploads adopted as their objects: on the filesystem, an uploaded node whose content does
-//! not compress, that names no delta base and is too large to be held in its row becomes its
-//! object as it was received (its portable bytes, written once). It reads back whole and by
-//! range, serves as a delta base, is verified by fsck (which finds damage in it) and is
-//! collected by GC like any other node; two publications of one upload at once leave the
-//! winner's object intact. Content that compresses, small content, and object
-//! stores whose objects are not files are stored as before.
+//! Uploads adopted as their objects: an uploaded node whose content does not compress and is
+//! too large to be held in its row becomes its object as it was received (its portable
+//! bytes): on the filesystem the upload linked into place (written once), on S3 the upload
+//! the client wrote there copied within the store (not sent again by the service). It reads
+//! back whole and by range, serves as a delta base, is verified by fsck (which finds damage
+//! in it) and is collected by GC like any other node; two publications of one upload at once
+//! leave the winner's object intact; an S3 upload that is no longer the version validated is
+//! not copied. Content that compresses and small content are stored as before.
 
 use anyhow::Context;
 use cas_format::Hash;
@@ -14,7 +15,10 @@ use tests::content::*;
 use tests::*;
 
 async fn uploads_that_do_not_compress_become_their_objects(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
+    let mut env = TestEnv::new(b).await?;
+    // On S3, uploads over 64 KiB go to the store through presigned URLs (smaller ones, as
+    // nodes up to 1 MiB by default, through the service into the database).
+    env.set("UNICAS_SMALL_UPLOAD_BYTES", 64 << 10);
     let app = env.create_app("hub")?;
     let server = env.start()?;
     let client = app.client(&server);
@@ -28,16 +32,27 @@ async fn uploads_that_do_not_compress_become_their_objects(b: Backend) -> anyhow
     let (h1, p1) = leaf(&v1);
     client.ensure_node(&sp, &h1, &p1, LEASE).await?;
     let r1 = row(h1).await?;
+    assert_eq!(r1.encoding, Encoding::Portable, "{r1:?}");
+    assert_eq!(r1.stored_bytes, p1.len() as i64, "its portable bytes");
     if on_files {
-        assert_eq!(r1.encoding, Encoding::Portable, "{r1:?}");
-        assert_eq!(r1.stored_bytes, p1.len() as i64, "its portable bytes");
         let objects = env.blobs().await?.list("uploads/").await?;
         assert!(
             objects.is_empty(),
             "no upload left once published: {objects:?}"
         );
     } else {
-        assert_ne!(r1.encoding, Encoding::Portable, "{r1:?}");
+        // Copied within the store, not sent: the one object written so far, and no PUT.
+        let scrape = reqwest::get(format!("{}/metrics", server.url))
+            .await?
+            .text()
+            .await?;
+        let requests = |op: &str| {
+            let series =
+                format!(r#"unicas_object_store_requests_total{{operation="{op}",outcome="ok"}}"#);
+            metric(&scrape, &series)
+        };
+        assert_eq!(requests("copy"), 1.0, "{scrape}");
+        assert!(requests("put").is_nan(), "{scrape}");
     }
     assert_eq!(&client.read_node(&sp, &h1).await?[..], &v1[..]);
     for (from, to) in [(0, 1), (0, 4096), (150_000, 150_100), (299_000, 300_000)] {
@@ -76,11 +91,7 @@ async fn uploads_that_do_not_compress_become_their_objects(b: Backend) -> anyhow
     client.ensure_node(&sp, &hd, &pd, LEASE).await?;
     let rd = row(hd).await?;
     let key = node_key(&app.app, &sp, &hd, &rd.object_gen);
-    let mut damaged = if on_files {
-        pd.to_vec()
-    } else {
-        noise(4, 200_000)
-    };
+    let mut damaged = pd.to_vec();
     let last = damaged.len() - 1;
     damaged[last] ^= 1;
     env.replace_object(&key, damaged).await?;
@@ -145,9 +156,7 @@ async fn racing_publications_of_one_upload(b: Backend) -> anyhow::Result<()> {
         }
         assert_eq!(&client.read_node(&sp, &h).await?[..], &content[..]);
         let row = row_of(&meta, &app.app, &sp, h).await?;
-        if b.blobs == Blobs::Fs {
-            assert_eq!(row.encoding, Encoding::Portable, "round {round}");
-        }
+        assert_eq!(row.encoding, Encoding::Portable, "round {round}");
         // Only the published attempt's object is left.
         env.assert_only_object_of(&app, &sp, &row)
             .await
@@ -162,3 +171,58 @@ e2e!(
     uploads_that_do_not_compress_become_their_objects,
     racing_publications_of_one_upload,
 );
+
+/// An S3 upload replaced after the read that validated it (as only someone with the store's
+/// own credentials can: its presigned URL only creates) is not copied into place: the node
+/// is stored from the bytes that were validated, and reads back as them.
+async fn a_replaced_upload_is_not_copied(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    // The publication waits before its object is written: after the upload was validated.
+    let server = env.start_with(&[("UNICAS_FAILPOINTS", "blob.put=delay:2000")])?;
+    let client = app.client(&server);
+    let sp = space("s");
+    let content = noise(20, 300_000);
+    let (h, portable) = leaf(&content);
+    let LeaseResponse::AwaitingUpload { upload, .. } =
+        client.lease_node(&sp, &h, LEASE, None).await?
+    else {
+        anyhow::bail!("not awaiting its upload");
+    };
+    client.upload(&upload, portable).await?;
+    let publication = {
+        let (client, sp) = (client.clone(), sp.clone());
+        tokio::spawn(async move { client.lease_node(&sp, &h, LEASE, None).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    let blobs = env.blobs().await?;
+    let uploads = blobs.list("uploads/").await?;
+    let [staged] = &uploads[..] else {
+        anyhow::bail!("one upload expected: {uploads:?}");
+    };
+    env.replace_object(&staged.key, leaf(&noise(21, 300_000)).1.to_vec())
+        .await?;
+    let answer = publication.await??;
+    assert!(matches!(answer, LeaseResponse::Ready { .. }), "{answer:?}");
+    let row = row_of(&env.meta().await?, &app.app, &sp, h).await?;
+    assert_eq!(
+        row.encoding,
+        Encoding::Identity,
+        "sent, not copied: {row:?}"
+    );
+    assert_eq!(&client.read_node(&sp, &h).await?[..], &content[..]);
+    env.assert_only_object_of(&app, &sp, &row).await?;
+    env.assert_consistent("hub")?;
+    drop(server);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replaced_upload_is_not_copied_sqlite() -> anyhow::Result<()> {
+    a_replaced_upload_is_not_copied(Backend::SQLITE_S3).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replaced_upload_is_not_copied_postgres() -> anyhow::Result<()> {
+    a_replaced_upload_is_not_copied(Backend::POSTGRES_S3).await
+}

@@ -13,8 +13,9 @@ const LEASE: u64 = 60_000;
 
 /// Killed between writing a node's object and committing its row: the object is an orphan
 /// (reported, inside its grace period), and the repeated lease after a restart publishes it.
-/// Once for a small node, once for one whose upload becomes its object on the filesystem
-/// (`adopted.rs`), so that the killed attempt's object and the repeated one are the same file.
+/// Once for a small node, once for one whose upload becomes its object (`adopted.rs`): on the
+/// filesystem the killed attempt's object and the repeated one are the same file; on S3 (every
+/// upload through a presigned URL) each is a copy of the upload.
 async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
     crash_between_object_and_row_of(b, b"the node in flight").await?;
     crash_between_object_and_row_of(b, &tests::content::noise(7, 300_000)).await
@@ -22,8 +23,10 @@ async fn crash_between_object_and_row(b: Backend) -> anyhow::Result<()> {
 
 async fn crash_between_object_and_row_of(b: Backend, content: &[u8]) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
-    // Every node an object (a small node held in its row has none: `held.rs`).
+    // Every node an object (a small node held in its row has none: `held.rs`), every S3
+    // upload through a presigned URL.
     env.set("UNICAS_HOLD_MAX_BYTES", 0);
+    env.set("UNICAS_SMALL_UPLOAD_BYTES", 0);
     let app = env.create_app("hub")?;
     let sp = space("s");
     let (child, child_b) = leaf(b"child, published before the crash");
@@ -103,14 +106,11 @@ async fn crash_between_object_and_row_of(b: Backend, content: &[u8]) -> anyhow::
 
 /// The same crash, repaired by `fsck --repair-orphans`: the upload's evidence proves the
 /// object, so fsck publishes the row; for a small node and for one whose upload became its
-/// object (its portable bytes, on the filesystem).
+/// object (its portable bytes: linked on the filesystem, copied within S3).
 async fn fsck_adopts_a_proven_orphan(b: Backend) -> anyhow::Result<()> {
     fsck_adopts_a_proven_orphan_of(b, b"adopt me", Encoding::Identity).await?;
-    let portable = match b.blobs {
-        Blobs::Fs => Encoding::Portable,
-        Blobs::S3 => Encoding::Identity,
-    };
-    fsck_adopts_a_proven_orphan_of(b, &tests::content::noise(8, 300_000), portable).await
+    let noise = tests::content::noise(8, 300_000);
+    fsck_adopts_a_proven_orphan_of(b, &noise, Encoding::Portable).await
 }
 
 async fn fsck_adopts_a_proven_orphan_of(
@@ -120,6 +120,7 @@ async fn fsck_adopts_a_proven_orphan_of(
 ) -> anyhow::Result<()> {
     let mut env = TestEnv::new(b).await?;
     env.set("UNICAS_HOLD_MAX_BYTES", 0);
+    env.set("UNICAS_SMALL_UPLOAD_BYTES", 0);
     let app = env.create_app("hub")?;
     let sp = space("s");
     let (h, bytes) = leaf(content);

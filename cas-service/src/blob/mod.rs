@@ -29,11 +29,13 @@ mod dir;
 mod fs;
 mod s3;
 mod spool;
+mod staged;
 
 pub use dir::{SafeDir, SpoolFile};
 pub use fs::{FsStore, HeldUpload};
 pub use s3::S3Store;
 pub use spool::Spool;
+pub use staged::StagedObject;
 
 use crate::config::Config;
 

@@ -20,6 +20,19 @@ use super::{
 };
 use crate::config::Config;
 
+/// What a copy source's key escapes: all but the unreserved characters and `/`.
+const COPY_SOURCE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// An entity tag without the quotes it is sent in.
+fn unquoted(tag: &str) -> &str {
+    tag.trim_matches('"')
+}
+
 /// Keys one `DeleteObjects` request names at most (the S3 limit).
 const DELETE_BATCH: usize = 1000;
 
@@ -218,6 +231,18 @@ impl S3Store {
                 .await?
                 .map(|len| (Box::pin(tokio::io::empty()) as ObjectReader, len)));
         }
+        Ok(self
+            .get_tagged(key, range)
+            .await?
+            .map(|(r, len, _)| (r, len)))
+    }
+
+    /// As [`S3Store::get`] (`range` not empty), with the entity tag of the version read.
+    pub async fn get_tagged(
+        &self,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<(ObjectReader, u64, Option<String>)>, BlobError> {
         let mut req = self
             .client
             .get_object()
@@ -236,7 +261,8 @@ impl S3Store {
                         .unwrap_or(0),
                     _ => out.content_length().unwrap_or(0).max(0) as u64,
                 };
-                Ok(Some((Box::pin(out.body.into_async_read()), total)))
+                let tag = out.e_tag().map(str::to_string);
+                Ok(Some((Box::pin(out.body.into_async_read()), total, tag)))
             }
             Err(SdkError::ServiceError(e)) if e.err().is_no_such_key() => Ok(None),
             Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
@@ -257,6 +283,41 @@ impl S3Store {
             Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
             Err(e) => Err(s3_err("head", key, e)),
         }
+    }
+
+    /// Copies the object at `from`, the version whose entity tag is `etag`, to `to` within
+    /// the bucket: asked only of that version (`x-amz-copy-source-if-match`), and checked
+    /// after to have made a copy of it (the copy's tag is the source's: a store that ignored
+    /// the condition is caught there). `Ok(false)` when the source is not that version any
+    /// more (whatever was copied is removed again).
+    pub async fn copy_checked(&self, from: &str, etag: &str, to: &str) -> Result<bool, BlobError> {
+        let source = format!(
+            "{}/{}",
+            self.bucket,
+            percent_encoding::utf8_percent_encode(&self.key(from), COPY_SOURCE)
+        );
+        let result = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(self.key(to))
+            .copy_source(source)
+            .copy_source_if_match(etag)
+            .send()
+            .await;
+        let copied = match result {
+            Ok(out) => out
+                .copy_object_result()
+                .and_then(|r| r.e_tag())
+                .map(|tag| unquoted(tag).to_string()),
+            Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 412 => return Ok(false),
+            Err(e) => return Err(s3_err("copy", to, e)),
+        };
+        if copied.as_deref() == Some(unquoted(etag)) {
+            return Ok(true);
+        }
+        self.delete(to).await?;
+        Ok(false)
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
