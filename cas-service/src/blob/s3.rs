@@ -289,7 +289,9 @@ impl S3Store {
     /// the bucket: asked only of that version (`x-amz-copy-source-if-match`), and checked
     /// after to have made a copy of it (the copy's tag is the source's: a store that ignored
     /// the condition is caught there). `Ok(false)` when the source is not that version any
-    /// more (whatever was copied is removed again).
+    /// more (whatever was copied is removed again). Where entity tags are not digests of the
+    /// bytes (SSE-KMS), a copy's tag may differ from its source's: the check then refuses the
+    /// copy and the caller sends the content as it did before copies.
     pub async fn copy_checked(&self, from: &str, etag: &str, to: &str) -> Result<bool, BlobError> {
         let source = format!(
             "{}/{}",
