@@ -120,6 +120,26 @@ async fn uploads_that_do_not_compress_become_their_objects(b: Backend) -> anyhow
     Ok(())
 }
 
+/// Leases the node `h`, uploads `portable` to the target its lease names, and starts the lease
+/// that publishes it in a task of its own.
+async fn upload_then_publish(
+    client: &cas_client::AppCasClient,
+    sp: &cas_format::SpaceId,
+    h: Hash,
+    portable: bytes::Bytes,
+) -> anyhow::Result<tokio::task::JoinHandle<Result<LeaseResponse, cas_client::ClientError>>> {
+    let LeaseResponse::AwaitingUpload { upload, .. } =
+        client.lease_node(sp, &h, LEASE, None).await?
+    else {
+        anyhow::bail!("{h} is not awaiting its upload");
+    };
+    client.upload(&upload, portable).await?;
+    let (client, sp) = (client.clone(), sp.clone());
+    Ok(tokio::spawn(async move {
+        client.lease_node(&sp, &h, LEASE, None).await
+    }))
+}
+
 /// Two leases publish one uploaded node at once, each writing its own attempt's object: on the
 /// filesystem both are names of the one uploaded file. The loser removes its name only; the
 /// winner's object keeps the bytes, the node reads back, and fsck finds nothing.
@@ -135,16 +155,9 @@ async fn racing_publications_of_one_upload(b: Backend) -> anyhow::Result<()> {
     for round in 0..3u64 {
         let content = noise(10 + round, 300_000);
         let (h, portable) = leaf(&content);
-        let LeaseResponse::AwaitingUpload { upload, .. } =
-            client.lease_node(&sp, &h, LEASE, None).await?
-        else {
-            anyhow::bail!("round {round}: not awaiting its upload");
-        };
-        client.upload(&upload, portable).await?;
-        let early = {
-            let (client, sp) = (client.clone(), sp.clone());
-            tokio::spawn(async move { client.lease_node(&sp, &h, LEASE, None).await })
-        };
+        let early = upload_then_publish(&client, &sp, h, portable)
+            .await
+            .with_context(|| format!("round {round}"))?;
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         let late = client.lease_node(&sp, &h, LEASE, None).await?;
         let early = early.await??;
@@ -184,16 +197,7 @@ async fn a_replaced_upload_is_not_copied(b: Backend) -> anyhow::Result<()> {
     let sp = space("s");
     let content = noise(20, 300_000);
     let (h, portable) = leaf(&content);
-    let LeaseResponse::AwaitingUpload { upload, .. } =
-        client.lease_node(&sp, &h, LEASE, None).await?
-    else {
-        anyhow::bail!("not awaiting its upload");
-    };
-    client.upload(&upload, portable).await?;
-    let publication = {
-        let (client, sp) = (client.clone(), sp.clone());
-        tokio::spawn(async move { client.lease_node(&sp, &h, LEASE, None).await })
-    };
+    let publication = upload_then_publish(&client, &sp, h, portable).await?;
     tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
     let blobs = env.blobs().await?;
     let uploads = blobs.list("uploads/").await?;
