@@ -107,7 +107,7 @@ impl Staging<'_> {
     }
 
     /// The bytes uploaded for `g` and their length, if anything was uploaded yet; for an
-    /// upload the client wrote to the object store itself, which version was read (it can be
+    /// upload in an object store that copies within itself, which version was read (it can be
     /// copied into place, `crate::adopt`).
     pub async fn open(
         &self,
@@ -126,13 +126,9 @@ impl Staging<'_> {
                     None,
                 )
             })),
-            TargetKind::Service => Ok(self
-                .blobs
-                .get(&key, None)
-                .await
-                .map_err(reading)?
-                .map(|(r, len)| (r, len, None))),
-            TargetKind::Presigned => self.blobs.get_staged(&key).await.map_err(reading),
+            TargetKind::Service | TargetKind::Presigned => {
+                self.blobs.get_staged(&key).await.map_err(reading)
+            }
         }
     }
 

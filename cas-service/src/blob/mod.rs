@@ -380,7 +380,8 @@ impl BlobStore {
 
     /// The upload at `key` held open, to be read where it lies and then adopted as an object
     /// ([`BlobStore::adopt`]); `None` when nothing is there, and always on a store whose
-    /// objects are not files (S3), where an upload is read and its object written anew.
+    /// objects are not files (S3), where an upload is read and its object written anew or
+    /// copied within the store ([`BlobStore::copy_staged`]).
     pub async fn hold_upload(&self, key: &str) -> Result<Option<HeldUpload>, BlobError> {
         match &self.backend {
             Backend::Fs(fs) => self.timed("get", fs.hold_upload(key)).await,

@@ -100,23 +100,19 @@ mod tests {
         (root, store)
     }
 
-    fn body(bytes: &'static [u8]) -> crate::blob::BodyStream {
-        Box::pin(futures_util::stream::iter([Ok(Bytes::from_static(bytes))]))
+    /// `bytes` uploaded at `key`, then held.
+    async fn upload_and_hold(store: &FsStore, key: &str, bytes: &'static [u8]) -> HeldUpload {
+        let body: crate::blob::BodyStream =
+            Box::pin(futures_util::stream::iter([Ok(Bytes::from_static(bytes))]));
+        store.put_once(key, body, 100).await.expect("upload");
+        store.hold_upload(key).await.expect("hold").expect("held")
     }
 
     #[tokio::test]
     async fn a_held_upload_becomes_the_object_while_it_is_the_file_read() {
         let (root, store) = store();
         assert!(store.hold_upload("up/g1").await.expect("hold").is_none());
-        store
-            .put_once("up/g1", body(b"uploaded"), 100)
-            .await
-            .expect("upload");
-        let held = store
-            .hold_upload("up/g1")
-            .await
-            .expect("hold")
-            .expect("held");
+        let held = upload_and_hold(&store, "up/g1", b"uploaded").await;
         assert_eq!(held.size(), 8);
         store.adopt(&held, "nodes/aa/obj.g1").await.expect("adopt");
         let object = root.path().join("nodes/aa/obj.g1");
@@ -126,15 +122,7 @@ mod tests {
         assert_eq!(std::fs::read(&object).expect("read"), b"uploaded");
 
         // Never over an existing object.
-        store
-            .put_once("up/g2", body(b"second"), 100)
-            .await
-            .expect("upload");
-        let second = store
-            .hold_upload("up/g2")
-            .await
-            .expect("hold")
-            .expect("held");
+        let second = upload_and_hold(&store, "up/g2", b"second").await;
         let e = store
             .adopt(&second, "nodes/aa/obj.g1")
             .await
