@@ -13,7 +13,7 @@ use cas_format::{AppId, Hash, SpaceId};
 
 use crate::Service;
 use crate::blob::{Encoding, HeldUpload, SpoolFile, StagedObject, node_key, upload_key};
-use crate::delta::identity;
+use crate::encode::identity;
 use crate::error::{ApiError, ApiResult};
 use crate::materialize::{Content, MaterializeError, READ_CHUNK, Validated};
 use crate::meta::{Evidence, Generation, StoredObject, TargetKind};

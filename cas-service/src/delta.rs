@@ -5,7 +5,8 @@
 //! larger than `delta_max_bytes`, and its chain leaves room under `delta_max_depth`, the new
 //! node's own content is compressed with the base's content as a zstd dictionary, and stored so
 //! (`Encoding::ZstdDelta`, the row naming the base) when that is clearly smaller than
-//! compressing it alone. Otherwise the content is compressed alone, or kept as it is.
+//! compressing it alone. Otherwise the content is compressed alone, or kept as it is (the
+//! choice is `crate::encode`'s).
 //!
 //! A read of a delta reads its chain of bases down to one that stands alone (or to one whose
 //! content is cached), decodes upward, and verifies every content it rebuilds against its node
@@ -25,7 +26,7 @@ use cas_format::{AppId, ContentType, Hash, NodeDescriptor, SpaceId};
 use crate::Service;
 use crate::blob::Encoding;
 use crate::error::{ApiError, ApiResult};
-use crate::meta::{DeltaBase, NodeRow, StoredObject};
+use crate::meta::{DeltaBase, NodeRow};
 
 /// Content up to this size is encoded in memory (larger content is compressed as a stream).
 pub(crate) const IN_MEMORY_MAX: u64 = 4 << 20;
@@ -193,27 +194,6 @@ pub(crate) fn integrity(detail: String) -> ApiError {
     ApiError::internal("reading a node", detail)
 }
 
-/// `content` compressed alone at `level` (unless a sample says it does not compress; not
-/// taken again when one `sampled` it already), and with `base` as its dictionary; either is
-/// `None` where zstd refused or was not tried.
-fn encode_both(
-    content: &[u8],
-    base: Option<&[u8]>,
-    level: i32,
-    sampled: bool,
-) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
-    let alone = (sampled || crate::compressibility::worth_compressing(content, level))
-        .then(|| crate::compressibility::compress(content, level).ok())
-        .flatten();
-    let delta = base.and_then(|base| {
-        let mut c = zstd::bulk::Compressor::with_dictionary(level, base).ok()?;
-        c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
-            .ok()?;
-        c.compress(content).ok()
-    });
-    (alone, delta)
-}
-
 /// Decodes a delta frame of a node of `size` bytes against its base's content.
 fn decode_delta(frame: &[u8], base: &[u8], size: usize) -> std::io::Result<Vec<u8>> {
     let mut d = zstd::bulk::Decompressor::with_dictionary(base)?;
@@ -228,67 +208,6 @@ fn decode_delta(frame: &[u8], base: &[u8], size: usize) -> std::io::Result<Vec<u
 }
 
 impl Service {
-    /// Chooses how to store a node's own `content` (at most [`IN_MEMORY_MAX`] bytes): as a
-    /// delta against `base` (content, and the stored form of the base's row), compressed
-    /// alone, or as it is (`sampled`: a sample of it compressed already, see
-    /// [`crate::compressibility`]). Answers the object's bytes and what the row records.
-    pub(crate) async fn encode_content(
-        &self,
-        content: Bytes,
-        base: Option<(Bytes, DeltaBase)>,
-        sampled: bool,
-    ) -> ApiResult<(Bytes, StoredObject)> {
-        let size = content.len() as u64;
-        let min = self.config.compress_min_bytes;
-        let compress = min > 0 && size >= min;
-        if !compress && base.is_none() {
-            return Ok((content.clone(), identity(size)));
-        }
-        let level = self.config.compress_level;
-        let input = content.clone();
-        let base_content = base.as_ref().map(|(c, _)| c.clone());
-        let (alone, delta) = tokio::task::spawn_blocking(move || {
-            encode_both(&input, base_content.as_deref(), level, sampled)
-        })
-        .await
-        .map_err(|e| ApiError::internal("encoding an object", e))?;
-        // Each form must earn its cost to readers: compression an eighth of the size, a delta
-        // an eighth of the compressed size (a delta's read also reads its chain).
-        let alone = alone
-            .filter(|a| compress && (a.len() as u64) < size - size / 8)
-            .map(Bytes::from);
-        let best_alone = alone.as_ref().map_or(size, |a| a.len() as u64);
-        if let (Some(d), Some((_, link))) = (delta, base)
-            && (d.len() as u64) < best_alone - best_alone / 8
-        {
-            let len = d.len() as i64;
-            return Ok((
-                Bytes::from(d),
-                StoredObject {
-                    encoding: Encoding::ZstdDelta,
-                    stored_bytes: len,
-                    delta: Some(link),
-                    held: None,
-                },
-            ));
-        }
-        Ok(match alone {
-            Some(a) => {
-                let len = a.len() as i64;
-                (
-                    a,
-                    StoredObject {
-                        encoding: Encoding::Zstd,
-                        stored_bytes: len,
-                        delta: None,
-                        held: None,
-                    },
-                )
-            }
-            None => (content, identity(size)),
-        })
-    }
-
     /// The base a new node `hash` of `size` bytes may be stored against, with its content:
     /// `None` when deltas are off, the hint is unusable (not ready here, too large, its chain
     /// too deep) or the node already has a row (a node made ready again keeps out of chains
@@ -511,19 +430,10 @@ impl Service {
     }
 }
 
-/// An object that holds `size` bytes of content as they are.
-pub(crate) fn identity(size: u64) -> StoredObject {
-    StoredObject {
-        encoding: Encoding::Identity,
-        stored_bytes: size as i64,
-        delta: None,
-        held: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encode::encode_both;
 
     fn text(seed: u64, n: usize) -> Vec<u8> {
         let mut x = seed;

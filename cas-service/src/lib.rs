@@ -26,6 +26,7 @@ pub mod cli;
 mod compressibility;
 pub mod config;
 pub mod delta;
+mod encode;
 pub mod error;
 pub mod fsck;
 pub mod gc;

@@ -15,7 +15,8 @@ use cas_format::Hash;
 
 use crate::adopt::Adoption;
 use crate::blob::{Encoding, HeldUpload, ObjectReader, SpoolFile, StagedObject, node_key};
-use crate::delta::{IN_MEMORY_MAX, identity};
+use crate::delta::IN_MEMORY_MAX;
+use crate::encode::identity;
 use crate::error::{ApiError, ApiResult};
 use crate::meta::{Evidence, Generation, StoredObject};
 use crate::{Service, failpoint};
@@ -404,17 +405,51 @@ impl Service {
         } else {
             (own, identity(size))
         };
+        Ok(self.place_inline(app, space, g, size, bytes, stored))
+    }
+
+    /// As [`Service::encode_inline`] for nodes named against no delta base, many at once
+    /// ([`Service::encode_contents`]): one answer per node, in order.
+    pub(crate) async fn encode_inline_run(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        nodes: Vec<(&Generation, Bytes)>,
+    ) -> ApiResult<Vec<(StoredObject, Option<(String, Bytes)>)>> {
+        let _permit = self.in_memory_permit().await?;
+        let contents = nodes.iter().map(|(_, own)| own.clone()).collect();
+        let encoded = self.encode_contents(contents).await?;
+        Ok(nodes
+            .iter()
+            .zip(encoded)
+            .map(|((g, own), (bytes, stored))| {
+                self.place_inline(app, space, g, own.len() as u64, bytes, stored)
+            })
+            .collect())
+    }
+
+    /// An inline node's stored form once encoded: held in its row, or the object to write at
+    /// the generation's key.
+    fn place_inline(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        g: &Generation,
+        size: u64,
+        bytes: Bytes,
+        stored: StoredObject,
+    ) -> (StoredObject, Option<(String, Bytes)>) {
         if self.holds(size) {
-            return Ok((
+            return (
                 StoredObject {
                     held: Some(bytes),
                     ..stored
                 },
                 None,
-            ));
+            );
         }
         let key = node_key(app, space, &g.hash, &g.object_name());
-        Ok((stored, Some((key, bytes))))
+        (stored, Some((key, bytes)))
     }
 
     /// Writes objects held in memory, each at its key, together ([`BlobStore::put_many_bytes`]);

@@ -18,6 +18,16 @@ pub enum Content {
     Raw(Bytes),
 }
 
+impl Content {
+    /// About how many bytes of node it holds (base64 is not decoded to tell).
+    pub fn node_len(&self) -> usize {
+        match self {
+            Content::Base64(text) => text.len() / 4 * 3,
+            Content::Raw(bytes) => bytes.len(),
+        }
+    }
+}
+
 /// One element of a batch: its lease (without inline content) and its inline node, if any.
 pub struct Element {
     pub lease: BatchLeaseElement,

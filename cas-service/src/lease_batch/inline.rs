@@ -11,7 +11,7 @@ use cas_format::wire::{BatchLeaseElement, LeaseResponse, MAX_INLINE_NODE_BYTES};
 use cas_format::{AppId, Hash, SpaceId};
 use futures_util::StreamExt;
 
-use super::{Answers, ELEMENT_CONCURRENCY, Single};
+use super::{Answers, ELEMENT_CONCURRENCY, RUNS_AT_ONCE, Single, runs};
 use crate::error::{ApiError, ApiResult};
 use crate::lease::{lease_window, upload_limit};
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Publication, StoredObject};
@@ -39,6 +39,19 @@ impl Inline {
     fn back_to_single(self) -> Single {
         (self.index, self.element, Some(self.bytes))
     }
+}
+
+/// An inline node's stored form, and the object to write (none when its row holds it).
+type Encoded = (StoredObject, Option<(String, Bytes)>);
+
+/// An inline node's own content: the tail of the portable bytes validated before.
+fn own_content(s: &Staged) -> ApiResult<Bytes> {
+    let bytes = &s.node.bytes;
+    let size = s.node.evidence.content_size as usize;
+    let start = bytes.len().checked_sub(size).ok_or_else(|| {
+        ApiError::internal("spooling an inline node", "its content outgrows its bytes")
+    })?;
+    Ok(bytes.slice(start..))
 }
 
 /// An inline node with its validated generation and, once written, its object.
@@ -141,14 +154,32 @@ impl Service {
         staged: Vec<Staged>,
         answers: &mut Answers,
     ) -> Vec<Staged> {
-        let encoded: Vec<(Staged, ApiResult<_>)> = futures_util::stream::iter(staged)
+        // A node named against a delta base is encoded alone (it reads its base); the others
+        // in runs, each run one blocking task.
+        let (based, alone): (Vec<Staged>, Vec<Staged>) = staged
+            .into_iter()
+            .partition(|s| s.node.element.delta_base.is_some());
+        let mut encoded: Vec<(Staged, ApiResult<Encoded>)> = futures_util::stream::iter(based)
             .map(|s| async move {
-                let encoded = self.encode_staged(app, space, &s).await;
+                let encoded = match own_content(&s) {
+                    Ok(own) => {
+                        let (g, hint) = (&s.generation, s.node.element.delta_base);
+                        self.encode_inline(app, space, g, own, hint).await
+                    }
+                    Err(e) => Err(e),
+                };
                 (s, encoded)
             })
             .buffer_unordered(ELEMENT_CONCURRENCY)
             .collect()
             .await;
+        let alone = runs(alone, |s| s.node.evidence.content_size as usize);
+        let runs: Vec<Vec<(Staged, ApiResult<Encoded>)>> = futures_util::stream::iter(alone)
+            .map(|run| self.encode_run(app, space, run))
+            .buffer_unordered(RUNS_AT_ONCE)
+            .collect()
+            .await;
+        encoded.extend(runs.into_iter().flatten());
         let failed = |answers: &mut Answers, s: Staged, e: ApiError| {
             tracing::warn!(error = %e.message, hash = %s.node.element.hash, "an inline object could not be written");
             answers.push((s.node.index, Err(e)));
@@ -286,22 +317,33 @@ impl Service {
         Ok(staged)
     }
 
-    /// An inline node's stored form ([`Service::encode_inline`]): its own content, which is
-    /// the tail of the portable bytes validated before, and the object to write, if any.
-    async fn encode_staged(
+    /// The stored forms of a run of inline nodes named against no delta base
+    /// ([`Service::encode_inline_run`]), each with its node.
+    async fn encode_run(
         &self,
         app: &AppId,
         space: &SpaceId,
-        s: &Staged,
-    ) -> ApiResult<(StoredObject, Option<(String, Bytes)>)> {
-        let bytes = &s.node.bytes;
-        let size = s.node.evidence.content_size as u64;
-        let start = bytes.len().checked_sub(size as usize).ok_or_else(|| {
-            ApiError::internal("spooling an inline node", "its content outgrows its bytes")
-        })?;
-        let own = bytes.slice(start..);
-        self.encode_inline(app, space, &s.generation, own, s.node.element.delta_base)
-            .await
+        run: Vec<Staged>,
+    ) -> Vec<(Staged, ApiResult<Encoded>)> {
+        let mut out = Vec::with_capacity(run.len());
+        let mut owned = Vec::with_capacity(run.len());
+        for s in run {
+            match own_content(&s) {
+                Ok(own) => owned.push((s, own)),
+                Err(e) => out.push((s, Err(e))),
+            }
+        }
+        let nodes = owned
+            .iter()
+            .map(|(s, own)| (&s.generation, own.clone()))
+            .collect();
+        let encoded = self.encode_inline_run(app, space, nodes).await;
+        let nodes = owned.into_iter().map(|(s, _)| s);
+        match encoded {
+            Ok(encoded) => out.extend(nodes.zip(encoded.into_iter().map(Ok))),
+            Err(e) => out.extend(nodes.map(|s| (s, Err(e.clone())))),
+        }
+        out
     }
 
     /// The second operation: publishes every written node, children before parents. Returns

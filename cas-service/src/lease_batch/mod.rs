@@ -33,6 +33,35 @@ use inline::Inline;
 /// Elements of one batch in flight at once.
 pub(super) const ELEMENT_CONCURRENCY: usize = 32;
 
+/// Inline bytes in one run of a batch's nodes: a run's CPU work (decoding and hashing, then
+/// compressing) is one blocking task, so that a batch of small nodes is a few hand-offs to the
+/// blocking threads rather than one (and a wake-up for its result) per node, while a large
+/// batch still spreads over the cores.
+const RUN_BYTES: usize = 256 << 10;
+/// Most nodes in one run.
+const RUN_NODES: usize = 64;
+/// Runs of one batch under way at once.
+pub(super) const RUNS_AT_ONCE: usize = 8;
+
+/// `items` in order, cut into runs of at most [`RUN_NODES`] items and about [`RUN_BYTES`] (a
+/// run takes at least one item).
+pub(super) fn runs<T>(items: Vec<T>, len: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut runs: Vec<Vec<T>> = Vec::new();
+    let mut bytes = 0;
+    for item in items {
+        let n = len(&item);
+        match runs.last_mut() {
+            Some(run) if run.len() < RUN_NODES && bytes + n <= RUN_BYTES => run.push(item),
+            _ => {
+                bytes = 0;
+                runs.push(vec![item]);
+            }
+        }
+        bytes += n;
+    }
+    runs
+}
+
 /// Refuses a batch as a whole: empty or too long.
 pub fn check_batch(elements: &[BatchLeaseElement]) -> ApiResult<()> {
     if elements.is_empty() {
@@ -138,11 +167,15 @@ impl Service {
         elements: Vec<Element>,
     ) -> Vec<BatchLeaseResult> {
         let mut results: Vec<Option<BatchLeaseResult>> = elements.iter().map(|_| None).collect();
-        // Validate inline bytes first, concurrently; then publish the inline nodes and answer
-        // the elements without bytes together; the rest goes one by one.
-        let checked: Vec<Checked> = futures_util::stream::iter(elements.into_iter().enumerate())
-            .map(|(index, e)| self.check_inline(index, e))
-            .buffered(ELEMENT_CONCURRENCY)
+        // Validate inline bytes first, in runs, concurrently; then publish the inline nodes and
+        // answer the elements without bytes together; the rest goes one by one.
+        let elements = runs(elements.into_iter().enumerate().collect(), |(_, e)| {
+            e.content.as_ref().map_or(0, Content::node_len)
+        });
+        let checked: Vec<Checked> = futures_util::stream::iter(elements)
+            .map(|run| self.check_run(run))
+            .buffered(RUNS_AT_ONCE)
+            .flat_map(futures_util::stream::iter)
             .collect()
             .await;
         let mut one_by_one = Vec::new();
@@ -191,47 +224,76 @@ impl Service {
             .collect()
     }
 
-    /// Validates an element's inline bytes in memory, on a blocking thread (decoding and
-    /// hashing a batch's elements is most of its CPU, which is then spread over the cores). An
-    /// element without them, or whose bytes are not a valid node, is leased one by one (which
-    /// answers with the rejection, as for an upload).
-    async fn check_inline(&self, index: usize, element: Element) -> Checked {
-        let Element { lease: e, content } = element;
-        if let Err(err) = check_lease_duration(e.lease_duration_ms) {
-            return Checked::Refused(index, err);
+    /// Validates the inline bytes of a run of elements in memory, on one blocking thread
+    /// (decoding and hashing a batch's elements is most of its CPU, which the runs spread over
+    /// the cores); one answer per element, in order. An element without them, or whose bytes
+    /// are not a valid node, is leased one by one (which answers with the rejection, as for an
+    /// upload).
+    async fn check_run(&self, run: Vec<(usize, Element)>) -> Vec<Checked> {
+        let mut checked: Vec<Option<Checked>> = Vec::with_capacity(run.len());
+        let mut inline = Vec::new();
+        for (index, Element { lease: e, content }) in run {
+            match (check_lease_duration(e.lease_duration_ms), content) {
+                (Err(err), _) => checked.push(Some(Checked::Refused(index, err))),
+                (Ok(()), None) => checked.push(Some(Checked::Single((index, e, None)))),
+                (Ok(()), Some(content)) => {
+                    inline.push((checked.len(), index, e, content));
+                    checked.push(None);
+                }
+            }
         }
-        let Some(content) = content else {
-            return Checked::Single((index, e, None));
+        if inline.is_empty() {
+            return checked.into_iter().flatten().collect();
+        }
+        let places: Vec<(usize, usize)> = inline.iter().map(|(at, i, _, _)| (*at, *i)).collect();
+        let refuse_all = |mut checked: Vec<Option<Checked>>, e: ApiError| {
+            for &(at, index) in &places {
+                checked[at] = Some(Checked::Refused(index, e.clone()));
+            }
+            checked.into_iter().flatten().collect()
         };
         let Ok(_permit) = self.validations.acquire().await else {
-            return Checked::Refused(index, ApiError::unavailable("shutting down"));
+            return refuse_all(checked, ApiError::unavailable("shutting down"));
         };
-        let (svc, hash) = (self.clone(), e.hash);
         // The validation hashes the bytes; bytes that do not hash to the element's hash are
         // refused by the one-by-one path, as any invalid node is. Nothing is spooled yet: the
         // bytes are in memory, and are written once it is known that the node is new.
-        let checked = tokio::task::spawn_blocking(move || {
-            let bytes = decode_inline(content)?;
-            let found = svc.validate_bytes(&bytes, &hash);
-            Ok::<_, ApiError>((bytes, found))
+        let svc = self.clone();
+        let validated = tokio::task::spawn_blocking(move || {
+            inline
+                .into_iter()
+                .map(|(at, index, e, content)| {
+                    let found = decode_inline(content).map(|bytes| {
+                        let found = svc.validate_bytes(&bytes, &e.hash);
+                        (bytes, found)
+                    });
+                    (at, index, e, found)
+                })
+                .collect::<Vec<_>>()
         })
         .await;
-        match checked {
-            Err(join) => Checked::Refused(index, ApiError::internal("validating a node", join)),
-            Ok(Err(err)) | Ok(Ok((_, Err(MaterializeError::Failed(err))))) => {
-                Checked::Refused(index, err)
-            }
-            Ok(Ok((bytes, Ok((evidence, canonical_len))))) => Checked::Inline(Inline {
-                index,
-                element: e,
-                bytes,
-                evidence,
-                canonical_len,
-            }),
-            Ok(Ok((bytes, Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded)))) => {
-                Checked::Single((index, e, Some(bytes)))
-            }
+        let validated = match validated {
+            Ok(v) => v,
+            Err(join) => return refuse_all(checked, ApiError::internal("validating a node", join)),
+        };
+        for (at, index, e, found) in validated {
+            checked[at] = Some(match found {
+                Err(err) | Ok((_, Err(MaterializeError::Failed(err)))) => {
+                    Checked::Refused(index, err)
+                }
+                Ok((bytes, Ok((evidence, canonical_len)))) => Checked::Inline(Inline {
+                    index,
+                    element: e,
+                    bytes,
+                    evidence,
+                    canonical_len,
+                }),
+                Ok((bytes, Err(MaterializeError::Rejected(_) | MaterializeError::NotUploaded))) => {
+                    Checked::Single((index, e, Some(bytes)))
+                }
+            });
         }
+        checked.into_iter().flatten().collect()
     }
 
     async fn lease_element(
@@ -302,5 +364,40 @@ impl Service {
             Err(e) if e.code == "UPLOAD_ALREADY_STORED" => Ok(()),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_keep_order_and_bounds() {
+        // Small nodes, a node larger than a run, then tiny ones: more than a run's count.
+        let sizes: Vec<usize> = (0..40)
+            .map(|i| 1024 * (1 + i % 9))
+            .chain([RUN_BYTES + 1])
+            .chain(std::iter::repeat_n(10, 150))
+            .collect();
+        let items: Vec<(usize, usize)> = sizes.iter().copied().enumerate().collect();
+        let cut = runs(items.clone(), |(_, n)| *n);
+        assert_eq!(cut.concat(), items, "every item, in order");
+        for run in &cut {
+            assert!(!run.is_empty() && run.len() <= RUN_NODES);
+            let bytes: usize = run.iter().map(|(_, n)| n).sum();
+            assert!(
+                run.len() == 1 || bytes <= RUN_BYTES,
+                "{bytes} bytes in a run"
+            );
+        }
+        let alone = cut.iter().find(|r| r[0].1 > RUN_BYTES).unwrap();
+        assert_eq!(
+            alone.len(),
+            1,
+            "a node larger than a run is a run of its own"
+        );
+        // Runs are full before a new one starts: 150 tiny nodes take three runs.
+        assert_eq!(cut.iter().filter(|r| r[0].1 == 10).count(), 3);
+        assert!(runs(Vec::<usize>::new(), |n| *n).is_empty());
     }
 }
