@@ -84,8 +84,8 @@ impl Service {
     /// Whether the upload's sample says it compresses; `None` when compression is off for
     /// its size (nothing is sampled).
     async fn upload_compresses(&self, held: &HeldUpload) -> ApiResult<Option<bool>> {
-        let (min, len) = (self.config.compress_min_bytes, held.size());
-        if min == 0 || len < min {
+        let len = held.size();
+        if !self.tries_compressing(len) {
             return Ok(None);
         }
         let level = self.config.compress_level;

@@ -29,24 +29,20 @@ pub(crate) fn encode_both(
     (alone, delta)
 }
 
-/// Whether content of `size` bytes is tried compressed (`min`: `compress_min_bytes`).
-fn compresses(size: u64, min: u64) -> bool {
-    min > 0 && size >= min
-}
-
 /// How to store `content` (blocking: it compresses): as a delta against `base`, compressed
 /// alone, or as it is, each form only where it earns its cost to readers: compression an
 /// eighth of the size, a delta an eighth of the compressed size (a delta's read also reads
-/// its chain). `sampled`: a sample of it compressed already (see [`crate::compressibility`]).
+/// its chain). `compress`: whether compression alone is tried at all
+/// ([`Service::tries_compressing`]); `sampled`: a sample of it compressed already (see
+/// [`crate::compressibility`]).
 fn encode(
     content: Bytes,
     base: Option<(Bytes, DeltaBase)>,
     level: i32,
-    min: u64,
+    compress: bool,
     sampled: bool,
 ) -> (Bytes, StoredObject) {
     let size = content.len() as u64;
-    let compress = compresses(size, min);
     if !compress && base.is_none() {
         return (content, identity(size));
     }
@@ -87,6 +83,13 @@ fn encode(
 }
 
 impl Service {
+    /// Whether content of `size` bytes is tried compressed (`compress_min_bytes`; 0 turns
+    /// compression off).
+    pub(crate) fn tries_compressing(&self, size: u64) -> bool {
+        let min = self.config.compress_min_bytes;
+        min > 0 && size >= min
+    }
+
     /// Chooses how to store a node's own `content` (at most [`IN_MEMORY_MAX`] bytes): as a
     /// delta against `base` (content, and the stored form of the base's row), compressed
     /// alone, or as it is (`sampled`: a sample of it compressed already, see
@@ -97,12 +100,12 @@ impl Service {
         base: Option<(Bytes, DeltaBase)>,
         sampled: bool,
     ) -> ApiResult<(Bytes, StoredObject)> {
-        let (level, min) = (self.config.compress_level, self.config.compress_min_bytes);
-        if !compresses(content.len() as u64, min) && base.is_none() {
-            let size = content.len() as u64;
-            return Ok((content, identity(size)));
+        let level = self.config.compress_level;
+        let compress = self.tries_compressing(content.len() as u64);
+        if !compress && base.is_none() {
+            return Ok(encode(content, None, level, false, sampled));
         }
-        tokio::task::spawn_blocking(move || encode(content, base, level, min, sampled))
+        tokio::task::spawn_blocking(move || encode(content, base, level, compress, sampled))
             .await
             .map_err(|e| ApiError::internal("encoding an object", e))
     }
@@ -114,24 +117,26 @@ impl Service {
         &self,
         contents: Vec<Bytes>,
     ) -> ApiResult<Vec<(Bytes, StoredObject)>> {
-        let (level, min) = (self.config.compress_level, self.config.compress_min_bytes);
-        if !contents.iter().any(|c| compresses(c.len() as u64, min)) {
-            return Ok(contents
-                .into_iter()
-                .map(|c| {
-                    let size = c.len() as u64;
-                    (c, identity(size))
-                })
-                .collect());
-        }
-        tokio::task::spawn_blocking(move || {
-            contents
-                .into_iter()
-                .map(|c| encode(c, None, level, min, false))
+        let level = self.config.compress_level;
+        let jobs: Vec<(Bytes, bool)> = contents
+            .into_iter()
+            .map(|c| {
+                let compress = self.tries_compressing(c.len() as u64);
+                (c, compress)
+            })
+            .collect();
+        let any = jobs.iter().any(|(_, compress)| *compress);
+        let encode_all = move || {
+            jobs.into_iter()
+                .map(|(c, compress)| encode(c, None, level, compress, false))
                 .collect()
-        })
-        .await
-        .map_err(|e| ApiError::internal("encoding an object", e))
+        };
+        if !any {
+            return Ok(encode_all());
+        }
+        tokio::task::spawn_blocking(encode_all)
+            .await
+            .map_err(|e| ApiError::internal("encoding an object", e))
     }
 }
 

@@ -38,6 +38,10 @@ pub(crate) enum Content {
     Held(HeldUpload),
 }
 
+/// An inline node's stored form, and the object to write at its key (none when its row
+/// holds its bytes).
+pub(crate) type Encoded = (StoredObject, Option<(String, Bytes)>);
+
 /// Own content spooled to a local file, and whether a sample of the upload already said it
 /// compresses (when one was taken: then it is not sampled again); `staged`: the upload's
 /// object as it was read, when the client wrote it to the object store itself (to be copied
@@ -323,8 +327,7 @@ impl Service {
     ) -> ApiResult<StoredObject> {
         let (spool, sampled, staged) = (spooled.file, spooled.sampled, spooled.staged);
         let key = node_key(app, space, &g.hash, &g.object_name());
-        let min = self.config.compress_min_bytes;
-        let compress = min > 0 && size >= min;
+        let compress = self.tries_compressing(size);
         let hold = self.holds(size);
         if size <= IN_MEMORY_MAX && (compress || hint.is_some() || hold) {
             let encoded = {
@@ -395,10 +398,9 @@ impl Service {
         g: &Generation,
         own: Bytes,
         hint: Option<Hash>,
-    ) -> ApiResult<(StoredObject, Option<(String, Bytes)>)> {
+    ) -> ApiResult<Encoded> {
         let size = own.len() as u64;
-        let min = self.config.compress_min_bytes;
-        let (bytes, stored) = if (min > 0 && size >= min) || hint.is_some() {
+        let (bytes, stored) = if self.tries_compressing(size) || hint.is_some() {
             let _permit = self.in_memory_permit().await?;
             let base = self.delta_base(app, space, &g.hash, size, hint).await?;
             self.encode_content(own, base, false).await?
@@ -415,7 +417,7 @@ impl Service {
         app: &AppId,
         space: &SpaceId,
         nodes: Vec<(&Generation, Bytes)>,
-    ) -> ApiResult<Vec<(StoredObject, Option<(String, Bytes)>)>> {
+    ) -> ApiResult<Vec<Encoded>> {
         let _permit = self.in_memory_permit().await?;
         let contents = nodes.iter().map(|(_, own)| own.clone()).collect();
         let encoded = self.encode_contents(contents).await?;
@@ -438,7 +440,7 @@ impl Service {
         size: u64,
         bytes: Bytes,
         stored: StoredObject,
-    ) -> (StoredObject, Option<(String, Bytes)>) {
+    ) -> Encoded {
         if self.holds(size) {
             return (
                 StoredObject {

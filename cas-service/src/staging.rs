@@ -115,8 +115,6 @@ impl Staging<'_> {
         space: &SpaceId,
         g: &Generation,
     ) -> ApiResult<Option<(ObjectReader, u64, Option<StagedObject>)>> {
-        let key = upload_key(app, space, &g.gen_id);
-        let reading = |e| ApiError::storage_unavailable("reading an upload", e);
         match g.target {
             TargetKind::Inline => Ok(self.meta.upload_body(&g.gen_id).await?.map(|body| {
                 let len = body.len() as u64;
@@ -126,9 +124,11 @@ impl Staging<'_> {
                     None,
                 )
             })),
-            TargetKind::Service | TargetKind::Presigned => {
-                self.blobs.get_staged(&key).await.map_err(reading)
-            }
+            TargetKind::Service | TargetKind::Presigned => self
+                .blobs
+                .get_staged(&upload_key(app, space, &g.gen_id))
+                .await
+                .map_err(|e| ApiError::storage_unavailable("reading an upload", e)),
         }
     }
 

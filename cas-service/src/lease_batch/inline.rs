@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use super::{Answers, ELEMENT_CONCURRENCY, RUNS_AT_ONCE, Single, runs};
 use crate::error::{ApiError, ApiResult};
 use crate::lease::{lease_window, upload_limit};
+use crate::materialize::Encoded;
 use crate::meta::{Evidence, FinalizeOutcome, GenState, Generation, Publication, StoredObject};
 use crate::{Service, now_ms};
 
@@ -40,9 +41,6 @@ impl Inline {
         (self.index, self.element, Some(self.bytes))
     }
 }
-
-/// An inline node's stored form, and the object to write (none when its row holds it).
-type Encoded = (StoredObject, Option<(String, Bytes)>);
 
 /// An inline node's own content: the tail of the portable bytes validated before.
 fn own_content(s: &Staged) -> ApiResult<Bytes> {
@@ -161,13 +159,12 @@ impl Service {
             .partition(|s| s.node.element.delta_base.is_some());
         let mut encoded: Vec<(Staged, ApiResult<Encoded>)> = futures_util::stream::iter(based)
             .map(|s| async move {
-                let encoded = match own_content(&s) {
-                    Ok(own) => {
-                        let (g, hint) = (&s.generation, s.node.element.delta_base);
-                        self.encode_inline(app, space, g, own, hint).await
-                    }
-                    Err(e) => Err(e),
-                };
+                let encoded = async {
+                    let (g, hint) = (&s.generation, s.node.element.delta_base);
+                    self.encode_inline(app, space, g, own_content(&s)?, hint)
+                        .await
+                }
+                .await;
                 (s, encoded)
             })
             .buffer_unordered(ELEMENT_CONCURRENCY)

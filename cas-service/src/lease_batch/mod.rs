@@ -230,30 +230,32 @@ impl Service {
     /// are not a valid node, is leased one by one (which answers with the rejection, as for an
     /// upload).
     async fn check_run(&self, run: Vec<(usize, Element)>) -> Vec<Checked> {
-        let mut checked: Vec<Option<Checked>> = Vec::with_capacity(run.len());
+        // Each element's answer, or its index while its bytes await validation.
+        let mut checked: Vec<Result<Checked, usize>> = Vec::with_capacity(run.len());
         let mut inline = Vec::new();
         for (index, Element { lease: e, content }) in run {
             match (check_lease_duration(e.lease_duration_ms), content) {
-                (Err(err), _) => checked.push(Some(Checked::Refused(index, err))),
-                (Ok(()), None) => checked.push(Some(Checked::Single((index, e, None)))),
+                (Err(err), _) => checked.push(Ok(Checked::Refused(index, err))),
+                (Ok(()), None) => checked.push(Ok(Checked::Single((index, e, None)))),
                 (Ok(()), Some(content)) => {
                     inline.push((checked.len(), index, e, content));
-                    checked.push(None);
+                    checked.push(Err(index));
                 }
             }
         }
         if inline.is_empty() {
             return checked.into_iter().flatten().collect();
         }
-        let places: Vec<(usize, usize)> = inline.iter().map(|(at, i, _, _)| (*at, *i)).collect();
-        let refuse_all = |mut checked: Vec<Option<Checked>>, e: ApiError| {
-            for &(at, index) in &places {
-                checked[at] = Some(Checked::Refused(index, e.clone()));
-            }
-            checked.into_iter().flatten().collect()
+        // The answers when the validation cannot run: those awaiting it refused with `e`.
+        let refused = |checked: Vec<Result<Checked, usize>>, e: ApiError| -> Vec<Checked> {
+            let refuse = |index| Checked::Refused(index, e.clone());
+            checked
+                .into_iter()
+                .map(|c| c.unwrap_or_else(refuse))
+                .collect()
         };
         let Ok(_permit) = self.validations.acquire().await else {
-            return refuse_all(checked, ApiError::unavailable("shutting down"));
+            return refused(checked, ApiError::unavailable("shutting down"));
         };
         // The validation hashes the bytes; bytes that do not hash to the element's hash are
         // refused by the one-by-one path, as any invalid node is. Nothing is spooled yet: the
@@ -274,10 +276,10 @@ impl Service {
         .await;
         let validated = match validated {
             Ok(v) => v,
-            Err(join) => return refuse_all(checked, ApiError::internal("validating a node", join)),
+            Err(join) => return refused(checked, ApiError::internal("validating a node", join)),
         };
         for (at, index, e, found) in validated {
-            checked[at] = Some(match found {
+            checked[at] = Ok(match found {
                 Err(err) | Ok((_, Err(MaterializeError::Failed(err)))) => {
                     Checked::Refused(index, err)
                 }
