@@ -1,8 +1,10 @@
 //! Where a row's stored bytes are: an object of its own, an entry of a pack (`crate::pack`),
-//! or held in the row itself. A small node (one the packer takes) is published with its stored
-//! bytes in its row, in the same transaction, not written as an object of its own, so a small
-//! upload costs no object write; the packer later moves it into a pack and clears the row's
-//! bytes.
+//! or held with the row in the database. A small node (one the packer takes) is published with
+//! its stored bytes held, in the same transaction as its row, not written as an object of its
+//! own, so a small upload costs no object write; the packer later moves it into a pack and
+//! drops the held bytes. Held bytes over 2 KiB are kept beside the row, not in it
+//! (`held_apart`, keyed as the row; the row's `held` flag says its bytes are held, wherever),
+//! so that the updates of a row's small columns do not read and rewrite them.
 
 use bytes::Bytes;
 use cas_format::{AppId, SpaceId};

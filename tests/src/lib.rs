@@ -402,7 +402,8 @@ impl TestEnv {
     /// never negative, every `childRefCount` equal to the edges pointing at the node, no
     /// dangling edge, balances equal to the events, every node's root ref count (the sum of its
     /// balances) at or above zero, held by a node with a row and agreeing with its `rooted`
-    /// flag, usage rows equal to a recount.
+    /// flag, a node's `held` flag set exactly when its held bytes are stored, usage rows equal
+    /// to a recount.
     pub async fn check_invariants(
         &self,
         meta: &cas_service::meta::MetaStore,
@@ -419,6 +420,10 @@ impl TestEnv {
         let rooted = meta.rooted_mismatches(app).await?;
         if !rooted.is_empty() {
             bail!("rooted flags differ from root ref counts: {rooted:?}");
+        }
+        let held = meta.held_mismatches(app).await?;
+        if !held.is_empty() {
+            bail!("held flags differ from the held bytes stored: {held:?}");
         }
         let events = meta.event_sums(app).await?;
         let balances = meta.current_balances(app).await?;

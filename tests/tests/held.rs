@@ -46,6 +46,17 @@ async fn small_and_large(
         let c = text(10 + i, 300 + 500 * i as usize);
         nodes.push((store(client, sp, leaf(&c).1, None).await?, c));
     }
+    // Bytes that do not compress: held, and too large to be kept in the row itself.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..6_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    nodes.push((store(client, sp, leaf(&noise).1, None).await?, noise));
     let large = text(99, 150_000);
     let hl = store(client, sp, leaf(&large).1, None).await?;
     let refs: BTreeMap<Hash, i64> = nodes
@@ -106,6 +117,20 @@ async fn small_nodes_are_held_until_packed(b: Backend) -> anyhow::Result<()> {
     for (h, _) in &nodes {
         assert!(held(&meta, &app, &sp, h).await?, "{h} is held");
     }
+    // Held bytes both in rows (up to 2 KiB) and kept apart (above): both are read back below.
+    let mut sizes = Vec::new();
+    for (h, _) in &nodes {
+        sizes.push(
+            meta.node(&app.app, &sp, h)
+                .await?
+                .expect("row")
+                .stored_bytes,
+        );
+    }
+    assert!(
+        sizes.iter().any(|s| *s <= 2048) && sizes.iter().any(|s| *s > 2048),
+        "held nodes on both sides of 2 KiB: {sizes:?}"
+    );
     let delta = meta.node(&app.app, &sp, &nodes[1].0).await?.expect("row");
     assert!(delta.delta.is_some(), "the edit is held as a delta");
     assert!(

@@ -223,6 +223,25 @@ impl MetaStore {
         .collect()
     }
 
+    /// Rows of an App whose `held` flag (`recorded`) disagrees with how many places hold
+    /// their bytes (`counted`: the row itself and `held_apart`; exactly one when held).
+    pub async fn held_mismatches(&self, app: &AppId) -> Result<Vec<CountMismatch>, sqlx::Error> {
+        sqlx::query(
+            "SELECT space_id, hash, recorded, counted FROM (SELECT n.space_id, n.hash, \
+             CAST(n.held AS BIGINT) AS recorded, (SELECT CAST(COUNT(*) AS BIGINT) \
+             FROM held_apart h WHERE h.app_id = n.app_id AND h.space_id = n.space_id \
+             AND h.hash = n.hash) + CASE WHEN n.held_bytes IS NULL THEN 0 ELSE 1 END AS counted \
+             FROM nodes n WHERE n.app_id = $1) c \
+             WHERE recorded <> counted",
+        )
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(mismatch_from_row)
+        .collect()
+    }
+
     /// Spaces of an App that have a usage row or node rows.
     pub async fn spaces(&self, app: &AppId) -> Result<Vec<SpaceId>, sqlx::Error> {
         sqlx::query(

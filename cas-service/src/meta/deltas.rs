@@ -63,7 +63,7 @@ impl Partition {
             "UPDATE nodes SET object_gen = $4, encoding = $5, stored_bytes = $6, \
              delta_base = NULL, delta_depth = 0, pack_block_offset = NULL, \
              pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL, \
-             held_bytes = $7 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+             held_bytes = $7, held = $8 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
         )
         .bind(app.as_str())
         .bind(space.as_str())
@@ -71,9 +71,11 @@ impl Partition {
         .bind(new_gen)
         .bind(stored.encoding.as_str())
         .bind(stored.stored_bytes)
-        .bind(stored.held.as_ref().map(|b| b.to_vec()))
+        .bind(stored.held_in_row())
+        .bind(stored.held_flag())
         .execute(&mut **self.tx())
         .await?;
+        self.set_apart(hash, stored.held_apart()).await?;
         self.release_object(&row, now).await?;
         self.add_usage(UsageDelta {
             ready_stored_bytes: stored.stored_bytes - row.stored_bytes,

@@ -15,7 +15,7 @@ pub struct Marked {
     pub object_gen: String,
     pub size: i64,
     /// It has an object of its own (to delete), not an entry in a pack (whose object GC leaves
-    /// to the packer) nor bytes held in its row (which go with it).
+    /// to the packer) nor held bytes (which go with its row).
     pub own_object: bool,
 }
 
@@ -47,7 +47,7 @@ impl Partition {
         let (app, space) = (self.app.clone(), self.space.clone());
         let leftovers = sqlx::query(
             "SELECT hash, object_gen, size, pack_block_offset, \
-             CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held \
+             CAST(held AS BIGINT) AS held \
              FROM nodes WHERE app_id = $1 AND space_id = $2 \
              AND collecting_since IS NOT NULL AND collecting_since <= $3 LIMIT $4",
         )
@@ -59,7 +59,7 @@ impl Partition {
         .await?;
         let candidates = sqlx::query(
             "SELECT hash, object_gen, size, stored_bytes, pack_block_offset, \
-             CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held FROM nodes n \
+             CAST(held AS BIGINT) AS held FROM nodes n \
              WHERE app_id = $1 AND space_id = $2 AND child_ref_count = 0 AND rooted = 0 \
              AND collecting_since IS NULL AND lease_expires_at <= $3 \
              AND (SELECT COALESCE(SUM(b.ref_count), 0) FROM root_ref_balances b \

@@ -33,7 +33,8 @@ pub struct NodeRow {
     pub delta: Option<DeltaBase>,
     /// For a packed node: where its entry is in the pack that `object_gen` names.
     pub pack: Option<PackSpan>,
-    /// Its stored bytes are held in the row (a small node not packed yet), not in an object.
+    /// Its stored bytes are held in the database with the row (a small node not packed yet),
+    /// not in an object.
     pub held: bool,
 }
 
@@ -97,8 +98,22 @@ pub struct StoredObject {
 }
 
 impl StoredObject {
-    pub(super) fn held_column(&self) -> Option<Vec<u8>> {
-        self.held.as_ref().map(|b| b.to_vec())
+    /// The row's `held` flag.
+    pub(super) fn held_flag(&self) -> i64 {
+        i64::from(self.held.is_some())
+    }
+
+    /// Held bytes small enough to be kept in the row itself.
+    pub(super) fn held_in_row(&self) -> Option<Vec<u8>> {
+        self.held
+            .as_ref()
+            .filter(|b| b.len() <= HELD_IN_ROW_MAX)
+            .map(|b| b.to_vec())
+    }
+
+    /// Held bytes kept apart from the row (`held_apart`).
+    pub(super) fn held_apart(&self) -> Option<&[u8]> {
+        self.held.as_deref().filter(|b| b.len() > HELD_IN_ROW_MAX)
     }
 
     pub(super) fn base_column(&self) -> Option<Vec<u8>> {
@@ -110,11 +125,16 @@ impl StoredObject {
     }
 }
 
+/// Held bytes up to this size are kept in the node's row (they fit in its page); larger ones
+/// in `held_apart`, so that updates of the row's small columns do not read and rewrite them.
+/// The migration `0010_large_held_bytes_apart` split the rows of earlier versions at this size.
+pub(super) const HELD_IN_ROW_MAX: usize = 2048;
+
 pub(crate) const NODE_COLUMNS: &str = "hash, size, content_type, ref_count, object_gen, encoding, stored_bytes, \
      lease_started_at, lease_expires_at, child_ref_count, CAST(rooted AS BIGINT) AS rooted, \
      collecting_since, \
      delta_base, delta_depth, pack_block_offset, pack_block_bytes, pack_entry_offset, \
-     pack_entry_bytes, CAST(CASE WHEN held_bytes IS NULL THEN 0 ELSE 1 END AS BIGINT) AS held";
+     pack_entry_bytes, CAST(held AS BIGINT) AS held";
 
 pub(crate) fn node_from_row(row: &AnyRow) -> Result<NodeRow, sqlx::Error> {
     Ok(NodeRow {
@@ -205,8 +225,10 @@ impl MetaStore {
         object_gen: &str,
     ) -> Result<Option<Vec<u8>>, sqlx::Error> {
         let row = sqlx::query(
-            "SELECT held_bytes FROM nodes WHERE app_id = $1 AND space_id = $2 AND hash = $3 \
-             AND object_gen = $4",
+            "SELECT COALESCE(n.held_bytes, h.bytes) AS bytes FROM nodes n \
+             LEFT JOIN held_apart h ON h.app_id = n.app_id AND h.space_id = n.space_id \
+             AND h.hash = n.hash WHERE n.app_id = $1 AND n.space_id = $2 AND n.hash = $3 \
+             AND n.object_gen = $4",
         )
         .bind(app.as_str())
         .bind(space.as_str())
@@ -215,7 +237,7 @@ impl MetaStore {
         .fetch_optional(&self.pool)
         .await?;
         match row {
-            Some(r) => r.try_get("held_bytes"),
+            Some(r) => r.try_get("bytes"),
             None => Ok(None),
         }
     }

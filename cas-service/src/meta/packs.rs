@@ -340,7 +340,7 @@ impl Partition {
                 "UPDATE nodes SET object_gen = $4, encoding = $5, stored_bytes = $6, \
                  delta_base = $7, delta_depth = $8, pack_block_offset = $9, \
                  pack_block_bytes = $10, pack_entry_offset = $11, pack_entry_bytes = $12, \
-                 held_bytes = NULL WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+                 held_bytes = NULL, held = 0 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
             )
             .bind(app.as_str())
             .bind(space.as_str())
@@ -356,6 +356,9 @@ impl Partition {
             .bind(e.span.entry_bytes)
             .execute(&mut **self.tx())
             .await?;
+            if row.held {
+                self.set_apart(&e.hash, None).await?;
+            }
             self.release_object(&row, now).await?;
             usage.ready_stored_bytes += e.share - row.stored_bytes;
             nodes += 1;

@@ -240,7 +240,7 @@ impl Partition {
              stored_bytes = $6, lease_started_at = $7, lease_expires_at = $8, \
              delta_base = $9, delta_depth = $10, pack_block_offset = NULL, \
              pack_block_bytes = NULL, pack_entry_offset = NULL, pack_entry_bytes = NULL, \
-             held_bytes = $11 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
+             held_bytes = $11, held = $12 WHERE app_id = $1 AND space_id = $2 AND hash = $3",
         )
         .bind(app.as_str())
         .bind(space.as_str())
@@ -252,9 +252,12 @@ impl Partition {
         .bind(now + p.lease_ms)
         .bind(stored.base_column())
         .bind(stored.depth())
-        .bind(stored.held_column())
+        .bind(stored.held_in_row())
+        .bind(stored.held_flag())
         .execute(&mut **self.tx())
         .await?;
+        self.set_apart(&p.generation.hash, stored.held_apart())
+            .await?;
         self.release_object(row, now).await
     }
 
@@ -269,13 +272,13 @@ impl Partition {
             let mut b = self.binds();
             let values: Vec<String> = part
                 .iter()
-                .map(|_| format!("({}, 0, {})", b.list(11), b.list(4)))
+                .map(|_| format!("({}, 0, {})", b.list(11), b.list(5)))
                 .collect();
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO nodes (app_id, space_id, hash, size, content_type, ref_count, \
                  object_gen, encoding, stored_bytes, lease_started_at, lease_expires_at, \
                  child_ref_count, created_at, delta_base, delta_depth, \
-                 held_bytes) VALUES {}",
+                 held_bytes, held) VALUES {}",
                 values.join(", ")
             )));
             for p in part {
@@ -295,11 +298,56 @@ impl Partition {
                     .bind(now)
                     .bind(s.base_column())
                     .bind(s.depth())
-                    .bind(s.held_column());
+                    .bind(s.held_in_row())
+                    .bind(s.held_flag());
+            }
+            q.execute(&mut **self.tx()).await?;
+        }
+        let apart: Vec<(&Hash, &[u8])> = nodes
+            .iter()
+            .filter_map(|p| Some((&p.generation.hash, p.stored.held_apart()?)))
+            .collect();
+        self.insert_apart(&apart).await
+    }
+
+    /// Inserts the held bytes kept apart of rows that have none yet, `(hash, bytes)`.
+    async fn insert_apart(&mut self, held: &[(&Hash, &[u8])]) -> Result<(), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        for part in held.chunks(ROWS_PER_STATEMENT) {
+            let values = self.binds().rows(part.len(), 4);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO held_apart (app_id, space_id, hash, bytes) VALUES {values}"
+            )));
+            for (hash, bytes) in part {
+                q = q
+                    .bind(app.as_str())
+                    .bind(space.as_str())
+                    .bind(hb(hash))
+                    .bind(bytes.to_vec());
             }
             q.execute(&mut **self.tx()).await?;
         }
         Ok(())
+    }
+
+    /// Replaces the held bytes kept apart of an existing row: `bytes`, or none. The caller
+    /// sets the row's own held bytes and `held` flag to match in the same transaction.
+    pub(super) async fn set_apart(
+        &mut self,
+        hash: &Hash,
+        bytes: Option<&[u8]>,
+    ) -> Result<(), sqlx::Error> {
+        let (app, space) = (self.app.clone(), self.space.clone());
+        sqlx::query("DELETE FROM held_apart WHERE app_id = $1 AND space_id = $2 AND hash = $3")
+            .bind(app.as_str())
+            .bind(space.as_str())
+            .bind(hb(hash))
+            .execute(&mut **self.tx())
+            .await?;
+        match bytes {
+            Some(bytes) => self.insert_apart(&[(hash, bytes)]).await,
+            None => Ok(()),
+        }
     }
 
     /// Inserts edges `(parent, ord, child)`.

@@ -27,6 +27,12 @@
 //!   (its own table, the service's pool settings, the same load generator): whether commits
 //!   or the request path are the limit;
 //! - the server's peak RSS while uploading 32 MiB nodes, beside its RSS before.
+//!
+//! Two things of the machine move these figures as much as the code: a virtual machine that has
+//! not touched its memory yet pays the host for each new page (a put a third slower as the page
+//! cache grows; touch the memory once first), and ext4 without a journal makes every file
+//! creation skip, one lookup each, the inodes freed in the last minutes (a run after many
+//! deletions creates files more slowly). Compare builds interleaved, with a pause before each.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
