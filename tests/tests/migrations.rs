@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 
 use anyhow::Context;
-use sqlx::Row;
 use tests::*;
 
 /// A pool on the environment's database, created empty.
@@ -99,12 +98,11 @@ async fn balance_history_becomes_current_balances(b: Backend) -> anyhow::Result<
     }
     apply(&db, dialect, |f| f.starts_with("0008")).await?;
     let balances: BTreeSet<(String, Vec<u8>, i64)> =
-        sqlx::query("SELECT ref_domain, hash, ref_count FROM root_ref_balances")
+        sqlx::query_as("SELECT ref_domain, hash, ref_count FROM root_ref_balances")
             .fetch_all(&db)
             .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()?;
+            .into_iter()
+            .collect();
     assert_eq!(
         balances,
         BTreeSet::from([
@@ -121,12 +119,11 @@ async fn balance_history_becomes_current_balances(b: Backend) -> anyhow::Result<
         "the history's columns are gone"
     );
     let rooted: BTreeSet<(Vec<u8>, i64)> =
-        sqlx::query("SELECT hash, CAST(rooted AS BIGINT) FROM nodes")
+        sqlx::query_as("SELECT hash, CAST(rooted AS BIGINT) FROM nodes")
             .fetch_all(&db)
             .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, sqlx::Error>>()?;
+            .into_iter()
+            .collect();
     assert_eq!(rooted, BTreeSet::from([(h(1), 1), (h(2), 0), (h(3), 1)]));
     // One balance per (partition, domain, hash).
     let again = sqlx::query(
@@ -185,12 +182,11 @@ async fn large_held_bytes_move_beside_their_rows(b: Backend) -> anyhow::Result<(
     }
     apply(&db, dialect(b), |f| f.starts_with("0010")).await?;
     let held: BTreeSet<(String, Vec<u8>, Vec<u8>)> =
-        sqlx::query("SELECT space_id, hash, bytes FROM held_apart")
+        sqlx::query_as("SELECT space_id, hash, bytes FROM held_apart")
             .fetch_all(&db)
             .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()?;
+            .into_iter()
+            .collect();
     assert_eq!(
         held,
         BTreeSet::from([
@@ -199,12 +195,11 @@ async fn large_held_bytes_move_beside_their_rows(b: Backend) -> anyhow::Result<(
         ])
     );
     let rows: BTreeSet<(Vec<u8>, i64, Option<Vec<u8>>)> =
-        sqlx::query("SELECT hash, CAST(held AS BIGINT), held_bytes FROM nodes")
+        sqlx::query_as("SELECT hash, CAST(held AS BIGINT), held_bytes FROM nodes")
             .fetch_all(&db)
             .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()?;
+            .into_iter()
+            .collect();
     assert_eq!(
         rows,
         BTreeSet::from([

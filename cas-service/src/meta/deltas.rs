@@ -75,7 +75,7 @@ impl Partition {
         .bind(stored.held_flag())
         .execute(&mut **self.tx())
         .await?;
-        self.set_apart(hash, stored.held_apart()).await?;
+        self.replace_apart(&row, stored.held_apart()).await?;
         self.release_object(&row, now).await?;
         self.add_usage(UsageDelta {
             ready_stored_bytes: stored.stored_bytes - row.stored_bytes,

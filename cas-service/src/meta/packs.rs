@@ -356,9 +356,7 @@ impl Partition {
             .bind(e.span.entry_bytes)
             .execute(&mut **self.tx())
             .await?;
-            if row.held {
-                self.set_apart(&e.hash, None).await?;
-            }
+            self.replace_apart(&row, None).await?;
             self.release_object(&row, now).await?;
             usage.ready_stored_bytes += e.share - row.stored_bytes;
             nodes += 1;

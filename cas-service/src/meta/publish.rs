@@ -256,8 +256,7 @@ impl Partition {
         .bind(stored.held_flag())
         .execute(&mut **self.tx())
         .await?;
-        self.set_apart(&p.generation.hash, stored.held_apart())
-            .await?;
+        self.replace_apart(row, stored.held_apart()).await?;
         self.release_object(row, now).await
     }
 
@@ -330,22 +329,25 @@ impl Partition {
         Ok(())
     }
 
-    /// Replaces the held bytes kept apart of an existing row: `bytes`, or none. The caller
-    /// sets the row's own held bytes and `held` flag to match in the same transaction.
-    pub(super) async fn set_apart(
+    /// Replaces the held bytes kept apart of an existing row, as it was read (`row`), with
+    /// `bytes`, or none: a row that held nothing has nothing apart to delete. The caller sets
+    /// the row's own held bytes and `held` flag to match in the same transaction.
+    pub(super) async fn replace_apart(
         &mut self,
-        hash: &Hash,
+        row: &NodeRow,
         bytes: Option<&[u8]>,
     ) -> Result<(), sqlx::Error> {
-        let (app, space) = (self.app.clone(), self.space.clone());
-        sqlx::query("DELETE FROM held_apart WHERE app_id = $1 AND space_id = $2 AND hash = $3")
-            .bind(app.as_str())
-            .bind(space.as_str())
-            .bind(hb(hash))
-            .execute(&mut **self.tx())
-            .await?;
+        if row.held {
+            let (app, space) = (self.app.clone(), self.space.clone());
+            sqlx::query("DELETE FROM held_apart WHERE app_id = $1 AND space_id = $2 AND hash = $3")
+                .bind(app.as_str())
+                .bind(space.as_str())
+                .bind(hb(&row.hash))
+                .execute(&mut **self.tx())
+                .await?;
+        }
         match bytes {
-            Some(bytes) => self.insert_apart(&[(hash, bytes)]).await,
+            Some(bytes) => self.insert_apart(&[(&row.hash, bytes)]).await,
             None => Ok(()),
         }
     }
