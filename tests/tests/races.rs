@@ -114,6 +114,9 @@ struct Model {
     lease_until: BTreeMap<Hash, i64>,
     /// Accepted updates by request id.
     requests: BTreeMap<String, Accepted>,
+    /// Nodes whose references no client drops: a delta and its base, so that every round
+    /// races with a delta in place whatever the seed draws.
+    pinned: BTreeSet<Hash>,
 }
 
 impl Model {
@@ -171,6 +174,31 @@ async fn store(
     Ok(())
 }
 
+/// Stores the second version of the text while the first is leased, naming the first as its
+/// base, and references both for the whole test (the model records the update).
+async fn pin_a_delta(
+    client: &AppCasClient,
+    sp: &SpaceId,
+    u: &Universe,
+    model: &Mutex<Model>,
+) -> anyhow::Result<()> {
+    let (node, base) = u.bases[0];
+    store(client, sp, u, base, model).await?;
+    store(client, sp, u, node, model).await?;
+    let id = "pin:0".to_string();
+    let changes = BTreeMap::from([(node, 1), (base, 1)]);
+    let r = client
+        .update_root_refs(sp, &id.parse()?, changes.clone())
+        .await?;
+    let mut m = model.lock().await;
+    for h in [node, base] {
+        *m.root.entry(h).or_default() += 1;
+        m.pinned.insert(h);
+    }
+    m.requests.insert(id, (changes, r.revision));
+    Ok(())
+}
+
 async fn model_based(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app("hub")?;
@@ -190,6 +218,7 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
     // Nodes found stored as deltas, and packed, at the end of some round.
     let mut deltas_seen = BTreeSet::new();
     let mut packed_seen = BTreeSet::new();
+    pin_a_delta(&app.client(&server), &sp, &u, &model).await?;
     for round in 0..ROUNDS {
         let mut tasks = Vec::new();
         for c in 0..CLIENTS {
@@ -231,7 +260,7 @@ async fn model_based(b: Backend) -> anyhow::Result<()> {
                             let held: Vec<Hash> = m
                                 .root
                                 .iter()
-                                .filter(|(_, n)| **n > 0)
+                                .filter(|(h, n)| **n > 0 && !m.pinned.contains(*h))
                                 .map(|(h, _)| *h)
                                 .collect();
                             let h = held.get(rng.random_range(0..held.len().max(1))).copied();
