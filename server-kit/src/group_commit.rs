@@ -9,6 +9,9 @@
 //! answer still means committed and durable; what changes is that one fsync serves everyone
 //! who arrived while the previous one was under way.
 //!
+//! A queued operation's savepoint is released by the statement that opens the next one's (or
+//! by the commit), so an operation of a batch costs one round trip for its savepoint, not two.
+//!
 //! An operation that fails (or is dropped) before it is queued is rolled back to its savepoint
 //! alone (the first one of a batch, with the batch, which holds nothing else); the others of
 //! its batch commit. A failed commit fails every operation of its batch and none of them is
@@ -71,6 +74,9 @@ struct Batch {
     waiters: Vec<oneshot::Sender<Answer>>,
     /// An operation was abandoned inside its savepoint: roll it back before anything else.
     abandoned: bool,
+    /// The last queued operation's savepoint is still open: the next operation releases it in
+    /// the same round trip as it opens its own, and the commit releases it with the rest.
+    unreleased: bool,
 }
 
 #[derive(Default)]
@@ -229,6 +235,7 @@ impl GroupCommit {
                 opened: Instant::now(),
                 waiters: Vec::new(),
                 abandoned: false,
+                unreleased: false,
             });
         }
         let mut op = Operation {
@@ -237,9 +244,18 @@ impl GroupCommit {
             savepoint: !first,
         };
         if op.savepoint {
-            sqlx::query("SAVEPOINT unicas_op")
-                .execute(&mut **op.tx())
-                .await?;
+            let unreleased = op
+                .batch()
+                .map(|b| std::mem::take(&mut b.unreleased))
+                .unwrap_or(false);
+            // One round trip: the queued operation before this one is made part of the batch
+            // as this one's savepoint opens.
+            let sql = if unreleased {
+                "RELEASE SAVEPOINT unicas_op; SAVEPOINT unicas_op"
+            } else {
+                "SAVEPOINT unicas_op"
+            };
+            sqlx::raw_sql(sql).execute(&mut **op.tx()).await?;
         }
         Ok(op)
     }
@@ -247,10 +263,7 @@ impl GroupCommit {
 
 /// Rolls back the abandoned operation's savepoint.
 async fn undo_savepoint(tx: &mut WriteTx) -> Result<(), sqlx::Error> {
-    sqlx::query("ROLLBACK TO SAVEPOINT unicas_op")
-        .execute(tx.conn())
-        .await?;
-    sqlx::query("RELEASE SAVEPOINT unicas_op")
+    sqlx::raw_sql("ROLLBACK TO SAVEPOINT unicas_op; RELEASE SAVEPOINT unicas_op")
         .execute(tx.conn())
         .await?;
     Ok(())
@@ -318,11 +331,15 @@ pub struct Operation {
 impl Operation {
     /// The transaction the operation's statements run in.
     pub fn tx(&mut self) -> &mut Transaction<'static, Any> {
-        match self.guard.as_mut().and_then(|g| g.open.as_mut()) {
+        match self.batch() {
             Some(batch) => &mut batch.tx,
             // `hold` opens the batch and only `commit` and `drop` take the guard.
             None => unreachable!("an operation holds an open batch"),
         }
+    }
+
+    fn batch(&mut self) -> Option<&mut Batch> {
+        self.guard.as_mut().and_then(|g| g.open.as_mut())
     }
 
     /// Queues the operation for its batch's commit and waits until that commit is done:
@@ -340,11 +357,6 @@ impl Operation {
     }
 
     async fn queue(mut self, followed: bool) -> Result<(), sqlx::Error> {
-        if self.savepoint {
-            sqlx::query("RELEASE SAVEPOINT unicas_op")
-                .execute(&mut **self.tx())
-                .await?;
-        }
         let Some(mut guard) = self.guard.take() else {
             return Err(to_error(Arc::from("the operation holds no batch")));
         };
@@ -352,6 +364,9 @@ impl Operation {
         let Some(batch) = guard.open.as_mut() else {
             return Err(to_error(Arc::from("the operation holds no batch")));
         };
+        // Its savepoint stays open until the next operation or the commit releases it: one
+        // round trip fewer for every operation but the first of a batch.
+        batch.unreleased = self.savepoint;
         batch.waiters.push(sender);
         let seq = batch.seq;
         let full = batch.waiters.len() >= MAX_BATCH || batch.opened.elapsed() >= MAX_BATCH_AGE;
