@@ -47,15 +47,7 @@ async fn small_and_large(
         nodes.push((store(client, sp, leaf(&c).1, None).await?, c));
     }
     // Bytes that do not compress: held, and too large to be kept in the row itself.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..6_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = noise(7, 6_000);
     nodes.push((store(client, sp, leaf(&noise).1, None).await?, noise));
     let large = text(99, 150_000);
     let hl = store(client, sp, leaf(&large).1, None).await?;
