@@ -28,11 +28,12 @@
 //!   or the request path are the limit;
 //! - the server's peak RSS while uploading 32 MiB nodes, beside its RSS before.
 //!
-//! Two things of the machine move these figures as much as the code: a virtual machine that has
-//! not touched its memory yet pays the host for each new page (a put a third slower as the page
-//! cache grows; touch the memory once first), and ext4 without a journal makes every file
-//! creation skip, one lookup each, the inodes freed in the last minutes (a run after many
-//! deletions creates files more slowly). Compare builds interleaved, with a pause before each.
+//! Two things of the machine move these figures as much as the code: a virtual machine pays the
+//! host for each page it touches that the host has not given it (a put a third slower as the page
+//! cache grows), and its freed pages go back within seconds (free page reporting; as root, `echo
+//! 11 > /sys/module/page_reporting/parameters/page_reporting_order` stops that until a restart:
+//! then touch the memory once); ext4 without a journal makes every file creation skip, one
+//! lookup each, the inodes freed in the last minutes. Compare builds interleaved, pausing first.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
