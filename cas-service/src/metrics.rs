@@ -24,7 +24,7 @@ use prometheus_client::registry::Registry;
 use server_kit::group_commit::{CommitEvent, CommitObserver};
 use server_kit::http_metrics::{RequestMetrics, latency};
 
-use crate::meta::Backlog;
+use crate::meta::{Backlog, RootRefCheck};
 
 /// How often the outstanding counts are recounted at most (they scan the store).
 pub const BACKLOG_EVERY: Duration = Duration::from_secs(15);
@@ -46,6 +46,11 @@ struct StoreLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabel {
+    check: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
 }
@@ -60,6 +65,7 @@ pub struct Metrics {
     commit_operations: Histogram,
     commit_seconds: Histogram,
     commit_failures: Counter,
+    root_ref_checks: Family<CheckLabel, Counter>,
     gate_wait: Histogram,
     begin_wait: Histogram,
     store_requests: Family<StoreLabels, Counter>,
@@ -90,6 +96,7 @@ impl Default for Metrics {
             commit_operations: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             commit_seconds: latency(),
             commit_failures: Counter::default(),
+            root_ref_checks: Family::default(),
             gate_wait: latency(),
             begin_wait: latency(),
             store_requests: Family::default(),
@@ -132,6 +139,13 @@ impl Default for Metrics {
             "commit_failures",
             "Batch commits that failed (every operation in them answered an error)",
             m.commit_failures.clone(),
+        );
+        r.register(
+            "root_ref_batches",
+            "Root-ref batches on Postgres by how they were checked: against the partition's \
+             state held in memory (held), by reading it (read), or held state found stale by the \
+             write and read again (stale)",
+            m.root_ref_checks.clone(),
         );
         r.register(
             "gate_wait_seconds",
@@ -208,6 +222,18 @@ impl Metrics {
         self.store_seconds
             .get_or_create(&OperationLabel { operation })
             .observe(took.as_secs_f64());
+    }
+
+    /// A root-ref batch was checked so.
+    pub fn root_refs_checked(&self, check: RootRefCheck) {
+        let check = match check {
+            RootRefCheck::Held => "held",
+            RootRefCheck::Read => "read",
+            RootRefCheck::Stale => "stale",
+        };
+        self.root_ref_checks
+            .get_or_create(&CheckLabel { check })
+            .inc();
     }
 
     /// What the metadata store's group commits tell.

@@ -318,6 +318,9 @@ impl Service {
                 })
                 .collect();
             let outcomes = p.update_root_refs_many(&changes, now_ms()).await?;
+            if let Some(check) = p.root_refs_checked() {
+                self.metrics.root_refs_checked(check);
+            }
             Ok::<_, ApiError>((p, outcomes))
         }
         .await;

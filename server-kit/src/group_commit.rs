@@ -26,7 +26,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::{Any, Transaction};
@@ -68,6 +68,7 @@ type Answer = Result<(), Arc<str>>;
 
 struct Batch {
     tx: WriteTx,
+    /// Unique in the process (see [`Operation::batch`]), increasing in the order batches open.
     seq: u64,
     opened: Instant,
     /// The queued operations, answered by the commit.
@@ -77,13 +78,21 @@ struct Batch {
     /// The last queued operation's savepoint is still open: the next operation releases it in
     /// the same round trip as it opens its own, and the commit releases it with the rest.
     unreleased: bool,
+    /// Told whether the commit succeeded, before the key is released (see
+    /// [`Operation::commit_then`]).
+    settled: Vec<Settled>,
 }
+
+/// Told whether a batch's commit succeeded (`true`) or failed (`false`).
+pub type Settled = Box<dyn FnOnce(bool) + Send>;
 
 #[derive(Default)]
 struct Slot {
     open: Option<Batch>,
-    next_seq: u64,
 }
+
+/// The number of the next batch opened in this process, by any key.
+static NEXT_BATCH: AtomicU64 = AtomicU64::new(0);
 
 struct Shared {
     slot: Arc<Mutex<Slot>>,
@@ -227,8 +236,7 @@ impl GroupCommit {
             observe(CommitEvent::Began {
                 waited: beginning.elapsed(),
             });
-            let seq = guard.next_seq;
-            guard.next_seq += 1;
+            let seq = NEXT_BATCH.fetch_add(1, Ordering::Relaxed);
             guard.open = Some(Batch {
                 tx,
                 seq,
@@ -236,6 +244,7 @@ impl GroupCommit {
                 waiters: Vec::new(),
                 abandoned: false,
                 unreleased: false,
+                settled: Vec::new(),
             });
         }
         let mut op = Operation {
@@ -273,6 +282,9 @@ async fn undo_savepoint(tx: &mut WriteTx) -> Result<(), sqlx::Error> {
 fn fail_batch(slot: &mut Slot, e: &sqlx::Error) {
     if let Some(batch) = slot.open.take() {
         tracing::warn!(error = %e, operations = batch.waiters.len(), "a write batch failed");
+        for settled in batch.settled {
+            settled(false);
+        }
         let message = failed(e);
         for w in batch.waiters {
             let _ = w.send(Err(message.clone()));
@@ -295,6 +307,10 @@ async fn flush(mut slot: OwnedMutexGuard<Slot>, observer: Option<&CommitObserver
         batch.tx.commit_visible().await
     }
     .await;
+    // Told before the key is released: the next batch finds what this one settled.
+    for settled in std::mem::take(&mut batch.settled) {
+        settled(committed.is_ok());
+    }
     drop(slot);
     let result = match committed {
         Ok(pending) => pending.durable().await,
@@ -338,6 +354,16 @@ impl Operation {
         }
     }
 
+    /// The batch (transaction) the operation runs in: a number no other batch of this process
+    /// has had, so that state an operation derives from its writes can be told apart from
+    /// what another batch (which may yet fail to commit) wrote.
+    pub fn batch_id(&self) -> Option<u64> {
+        self.guard
+            .as_ref()
+            .and_then(|g| g.open.as_ref())
+            .map(|b| b.seq)
+    }
+
     fn batch(&mut self) -> Option<&mut Batch> {
         self.guard.as_mut().and_then(|g| g.open.as_mut())
     }
@@ -345,7 +371,14 @@ impl Operation {
     /// Queues the operation for its batch's commit and waits until that commit is done:
     /// `Ok` means durable.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.queue(false).await
+        self.queue(false, None).await
+    }
+
+    /// As [`Operation::commit`] (or [`Operation::commit_followed`]), and `settled` is told
+    /// whether the batch's commit succeeded as soon as that is known, before the next batch of
+    /// the key begins. An operation dropped before it is queued is never told.
+    pub async fn commit_then(self, followed: bool, settled: Settled) -> Result<(), sqlx::Error> {
+        self.queue(followed, Some(settled)).await
     }
 
     /// As [`Operation::commit`], when the caller knows another operation of this key is on its
@@ -353,10 +386,10 @@ impl Operation {
     /// for an operation already waiting. If it does not come, [`GroupCommit::flush`] or
     /// [`FLUSH_AFTER`] commits the batch.
     pub async fn commit_followed(self) -> Result<(), sqlx::Error> {
-        self.queue(true).await
+        self.queue(true, None).await
     }
 
-    async fn queue(mut self, followed: bool) -> Result<(), sqlx::Error> {
+    async fn queue(mut self, followed: bool, settled: Option<Settled>) -> Result<(), sqlx::Error> {
         let Some(mut guard) = self.guard.take() else {
             return Err(to_error(Arc::from("the operation holds no batch")));
         };
@@ -368,6 +401,7 @@ impl Operation {
         // round trip fewer for every operation but the first of a batch.
         batch.unreleased = self.savepoint;
         batch.waiters.push(sender);
+        batch.settled.extend(settled);
         let seq = batch.seq;
         let full = batch.waiters.len() >= MAX_BATCH || batch.opened.elapsed() >= MAX_BATCH_AGE;
         let shared = self.shared.clone();

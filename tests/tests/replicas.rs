@@ -288,6 +288,82 @@ async fn three_replicas(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A replica plans a partition's root-ref batches from the state it holds while that state is
+/// current (Postgres), and never trusts it once another replica wrote: counts, refusals,
+/// replays and conflicts stay exact whichever replica answers.
+async fn held_root_ref_state_is_checked_by_the_write(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let (one, two) = (env.start()?, env.start()?);
+    let (c1, c2) = (app.client(&one), app.client(&two));
+    let sp = space("s");
+    let (x, xb) = leaf(b"x");
+    let (y, yb) = leaf(b"y");
+    for (h, bytes) in [(&x, &xb), (&y, &yb)] {
+        c1.ensure_node(&sp, h, bytes, 600_000).await?;
+    }
+    let rid = |s: &str| s.parse::<cas_format::RequestId>().unwrap();
+    let checked = |server: &Server, check: &str| {
+        let url = format!("{}/metrics", server.url);
+        let series = format!("unicas_root_ref_batches_total{{check=\"{check}\"}}");
+        async move {
+            let text = reqwest::get(url).await?.text().await?;
+            let n = tests::metric(&text, &series);
+            anyhow::Ok(if n.is_nan() { 0.0 } else { n })
+        }
+    };
+    let update = |c: &AppCasClient, id: &str, changes: &[(Hash, i64)]| {
+        let (c, id, changes) = (c.clone(), rid(id), changes.iter().copied().collect());
+        let sp = sp.clone();
+        async move { c.update_root_refs(&sp, &id, changes).await }
+    };
+    let count = |h: Hash| {
+        let (c, sp) = (c2.clone(), sp.clone());
+        async move { anyhow::Ok(c.read_metadata(&sp, &h).await?.state.root_ref_count) }
+    };
+
+    // Replica one reads the nodes once, then plans from what it holds.
+    assert_eq!(update(&c1, "a1", &[(x, 1), (y, 1)]).await?.revision, 1);
+    assert_eq!(update(&c1, "a2", &[(x, 1)]).await?.revision, 2);
+    assert_eq!(update(&c1, "a3", &[(x, 1), (y, 1)]).await?.revision, 3);
+    assert_eq!(checked(&one, "held").await?, 2.0);
+    assert_eq!(checked(&one, "read").await?, 1.0);
+
+    // Replica two takes x to zero; one still holds x at 3, finds that stale on writing, reads,
+    // and refuses what would take x below zero.
+    assert_eq!(update(&c2, "b1", &[(x, -3)]).await?.revision, 4);
+    let e = update(&c1, "a4", &[(x, -1), (y, 1)]).await.unwrap_err();
+    assert_eq!(e.code(), Some("NEGATIVE_AGGREGATE"), "{e}");
+    assert_eq!(checked(&one, "stale").await?, 1.0);
+    assert_eq!((count(x).await?, count(y).await?), (0, 2));
+
+    // Held again after a read; a replay of a request it applied, whose nodes it holds, is
+    // told apart by the write and answered as the replay it is; so is an earlier id with
+    // other changes, a conflict; neither changes anything. (A batch found stale drops what
+    // was held: the next one reads.)
+    assert_eq!(update(&c1, "a5", &[(y, 1)]).await?.revision, 5);
+    assert_eq!(update(&c1, "a6", &[(y, 1)]).await?.revision, 6);
+    assert_eq!(checked(&one, "held").await?, 3.0);
+    let replay = update(&c1, "a6", &[(y, 1)]).await?;
+    assert_eq!((replay.revision, replay.idempotent), (6, true));
+    assert_eq!(checked(&one, "stale").await?, 2.0);
+    assert_eq!(update(&c1, "a7", &[(y, 1)]).await?.revision, 7);
+    let e = update(&c1, "a5", &[(y, 2)]).await.unwrap_err();
+    assert_eq!(e.code(), Some("IDEMPOTENCY_CONFLICT"), "{e}");
+    assert_eq!(checked(&one, "stale").await?, 3.0);
+    assert_eq!((count(x).await?, count(y).await?), (0, 5));
+
+    // Replica two's own writes: x back from zero (never held there, so read).
+    assert_eq!(update(&c2, "b2", &[(x, 2), (y, -1)]).await?.revision, 8);
+    assert_eq!(update(&c1, "a8", &[(x, 1), (y, 1)]).await?.revision, 9);
+    assert_eq!(update(&c1, "a9", &[(x, 1), (y, 1)]).await?.revision, 10);
+    assert_eq!(checked(&one, "held").await?, 4.0);
+    assert_eq!((count(x).await?, count(y).await?), (4, 6));
+    assert_eq!(c1.list_root_refs(&sp, 10, None).await?.revision, 10);
+    env.assert_consistent("hub")?;
+    Ok(())
+}
+
 fn run(b: Backend) {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
@@ -306,4 +382,17 @@ fn three_replicas_postgres_s3() {
 #[test]
 fn three_replicas_postgres_fs() {
     run(Backend::POSTGRES_FS)
+}
+
+#[test]
+fn held_root_ref_state_is_checked_by_the_write_postgres_fs() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(held_root_ref_state_is_checked_by_the_write(
+            Backend::POSTGRES_FS,
+        ))
+        .unwrap();
 }

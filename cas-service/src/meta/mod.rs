@@ -43,8 +43,10 @@ mod object_names;
 mod packs;
 mod publish;
 mod root_ref_adding;
+mod root_ref_memo;
 mod root_ref_plan;
 mod root_ref_reads;
+mod root_ref_writes;
 mod root_refs;
 mod usage;
 
@@ -57,6 +59,7 @@ pub use nodes::{DeltaBase, FinalizeOutcome, NodeRow, PackSpan, StoredObject};
 pub use object_names::parse_object_name;
 pub use packs::{PackRow, PackState, PackedEntry};
 pub use publish::Publication;
+pub use root_ref_memo::RootRefCheck;
 pub use root_ref_reads::{
     Balance, BalanceCursor, BalanceMap, BalanceReadError, MAX_UNDONE_CHANGES, RefFilter,
     RootRefEvent, sum_over_domains,
@@ -84,6 +87,8 @@ struct Inner {
     /// batch) here rather than on the database.
     partitions: Mutex<HashMap<(String, String), GroupCommit>>,
     observer: Option<CommitObserver>,
+    /// Postgres: what each partition's root refs stand at, held between batches.
+    memos: Arc<root_ref_memo::Memos>,
 }
 
 impl std::fmt::Debug for MetaStore {
@@ -108,19 +113,42 @@ pub struct Partition {
     dialect: Dialect,
     pub app: AppId,
     pub space: SpaceId,
+    memos: Arc<root_ref_memo::Memos>,
+    /// How the operation's root-ref batch was checked, if it applied one.
+    checked: Option<RootRefCheck>,
+    /// The batch whose root-ref writes the operation entered in the partition's memo: they
+    /// become usable by later batches once its commit succeeds.
+    remembered: Option<u64>,
 }
 
 impl Partition {
     /// Commits the operation (with the others of its batch); `Ok` means durable.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.op.commit().await
+        self.finish(false).await
     }
 
     /// As [`Partition::commit`], when another operation of this partition is on its way
     /// (queued for another task): the batch stays open for it. Whoever finds it did not come
     /// after all calls [`MetaStore::flush`].
     pub async fn commit_followed(self) -> Result<(), sqlx::Error> {
-        self.op.commit_followed().await
+        self.finish(true).await
+    }
+
+    async fn finish(self, followed: bool) -> Result<(), sqlx::Error> {
+        match self.remembered {
+            Some(batch) => {
+                let (memos, key) = (self.memos, (self.app, self.space));
+                let settled = Box::new(move |ok| memos.settle(&key, batch, ok));
+                self.op.commit_then(followed, settled).await
+            }
+            None if followed => self.op.commit_followed().await,
+            None => self.op.commit().await,
+        }
+    }
+
+    /// How the operation's root-ref batch was checked (Postgres), if it applied one.
+    pub fn root_refs_checked(&self) -> Option<RootRefCheck> {
+        self.checked
     }
 
     pub(crate) fn tx(&mut self) -> &mut Transaction<'static, Any> {
@@ -368,6 +396,7 @@ impl MetaStore {
             inner: Arc::new(Inner {
                 database: GroupCommit::new(observer.clone()),
                 partitions: Mutex::new(HashMap::new()),
+                memos: Arc::default(),
                 observer,
             }),
         })
@@ -444,6 +473,9 @@ impl MetaStore {
             dialect: self.dialect,
             app: app.clone(),
             space: space.clone(),
+            memos: self.inner.memos.clone(),
+            checked: None,
+            remembered: None,
         })
     }
 

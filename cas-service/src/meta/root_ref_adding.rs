@@ -24,10 +24,8 @@ use cas_format::{Hash, RefDomain};
 use sqlx::Row;
 
 use super::root_ref_plan::{Planned, Requests, outcomes, plan};
-use super::root_refs::{
-    MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection, Writes, balance_rows,
-    event_parts, revision_part,
-};
+use super::root_ref_writes::{Writes, balance_rows, event_parts, revision_part};
+use super::root_refs::{MAX_ROOT_REF_COUNT, RootRefChange, RootRefOutcome, RootRefRejection};
 use super::{Partition, Statement};
 
 /// The savepoint the additions are made in.

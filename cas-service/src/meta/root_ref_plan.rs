@@ -34,7 +34,7 @@ pub(super) fn outcomes(planned: Vec<Planned>, base: i64) -> Vec<RootRefOutcome> 
 }
 
 /// What a batch's lookups found.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Found {
     pub requests: Requests,
     /// A node's root ref count, and whether it is ready (not being collected). Nodes that do

@@ -16,7 +16,10 @@ use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
 use super::root_ref_plan::{Found, Step, outcomes, plan};
-use super::{Dialect, Partition, Statement, Value, hb};
+use super::root_ref_writes::{
+    Writes, balance_rows, delete_balances, event_parts, held_revision_part, revision_part,
+};
+use super::{Dialect, Partition, Statement, Value};
 
 /// Largest root ref count a node may reach (the JSON-safe integer range).
 pub const MAX_ROOT_REF_COUNT: i64 = (1 << 53) - 1;
@@ -107,19 +110,26 @@ impl Partition {
         updates: &[RootRefChange<'_>],
         now: i64,
     ) -> Result<Vec<RootRefOutcome>, sqlx::Error> {
+        if let Some(outcomes) = self.apply_held(updates, now).await? {
+            return Ok(outcomes);
+        }
         let found = self.lookups(updates).await?;
-        let rooted: BTreeMap<Hash, bool> = found
-            .counts
-            .iter()
-            .map(|(h, (n, _))| (*h, *n > 0))
-            .collect();
+        let read = (self.dialect == Dialect::Postgres).then(|| found.clone());
+        let rooted = rooted_of(&found);
         let (planned, steps) = plan(updates, &found.requests, found.counts, found.balances);
         let accepted = steps.len() as i64;
         let base = if accepted == 0 {
             // Only replays and refusals: nothing to write.
             0
         } else {
-            self.write_steps(updates, &steps, &rooted, now).await? - accepted
+            let after = self
+                .write_steps(updates, &steps, &rooted, now, None)
+                .await?
+                .ok_or_else(|| {
+                    sqlx::Error::Protocol("the App's revision was not returned".into())
+                })?;
+            self.remember((after - accepted, after), read.as_ref(), updates, &steps);
+            after - accepted
         };
         Ok(outcomes(planned, base))
     }
@@ -127,14 +137,17 @@ impl Partition {
     /// Writes the accepted steps in one round trip: the App's revision, the `rooted` flags
     /// of the nodes whose counts went to or from zero (`rooted`: each node's flag before the
     /// batch), the current balances, an event and a request row for each. Returns the App's
-    /// new revision.
-    async fn write_steps(
+    /// new revision. With `held` (Postgres; the revision the batch was planned at) it writes
+    /// only if the App is still at that revision and none of the updates' request ids was
+    /// used before, and returns `None` if it wrote nothing.
+    pub(super) async fn write_steps(
         &mut self,
         updates: &[RootRefChange<'_>],
         steps: &[Step],
         rooted: &BTreeMap<Hash, bool>,
         now: i64,
-    ) -> Result<i64, sqlx::Error> {
+        held: Option<i64>,
+    ) -> Result<Option<i64>, sqlx::Error> {
         let (app, space) = (self.app.as_str(), self.space.as_str());
         // The final counts and balances (absolute: the gate is held).
         let mut finals: BTreeMap<Hash, i64> = BTreeMap::new();
@@ -149,7 +162,10 @@ impl Partition {
         let (kept, zero): (Vec<_>, Vec<_>) = balances.iter().partition(|(_, count)| **count != 0);
         let accepted = steps.len() as i64;
         let mut w = Writes::new(self.statement());
-        revision_part(&mut w, app, accepted);
+        match held {
+            Some(revision) => held_revision_part(&mut w, (app, space), accepted, revision, updates),
+            None => revision_part(&mut w, app, accepted),
+        }
         let flips: Vec<(Hash, bool)> = finals
             .iter()
             .map(|(hash, count)| (*hash, *count > 0))
@@ -163,6 +179,7 @@ impl Partition {
                     .iter()
                     .map(|(hash, r)| (*hash, vec![Value::Int(i64::from(*r))])),
             );
+            w.guard();
         }
         if !kept.is_empty() {
             let rows = kept
@@ -177,15 +194,14 @@ impl Partition {
         if !zero.is_empty() {
             let gone: Vec<(&RefDomain, Hash)> = zero.iter().map(|((d, h), _)| (*d, *h)).collect();
             delete_balances(w.next(""), (app, space), &gone);
+            w.guard();
         }
         let order: Vec<usize> = steps.iter().map(|s| s.update).collect();
         event_parts(&mut w, (app, space), updates, &order, now);
         // All rows, not one: on SQLite a query that stops at its first row leaves the
         // statements after the first unrun.
         let rows = w.finish().fetch_all(&mut **self.tx()).await?;
-        rows.first()
-            .ok_or_else(|| sqlx::Error::Protocol("the App's revision was not returned".into()))?
-            .try_get("revision")
+        rows.first().map(|r| r.try_get("revision")).transpose()
     }
 
     /// What the batch's lookups find, in one statement: the earlier requests among the
@@ -257,177 +273,13 @@ impl Partition {
     }
 }
 
-/// Appends the first part of a batch's writes: the App's revision moved by `accepted`, which
-/// the later parts read as `a`.
-pub(super) fn revision_part(w: &mut Writes, app: &str, accepted: i64) {
-    w.next("UPDATE apps SET revision = revision + ")
-        .value(Value::Int(accepted))
-        .text(" WHERE app_id = ")
-        .value(Value::Text(app.to_string()))
-        .text(" RETURNING revision");
-}
-
-/// Appends the next part: an insert of the balances `rows` of a partition, each a (domain,
-/// hash) and its count; the caller says what a conflict does.
-pub(super) fn balance_rows<'a>(
-    w: &mut Writes,
-    (app, space): (&str, &str),
-    rows: impl Iterator<Item = (&'a RefDomain, &'a Hash, i64)>,
-) {
-    let text = |s: &str| Value::Text(s.to_string());
-    w.next("INSERT INTO root_ref_balances (app_id, space_id, ref_domain, hash, ref_count) VALUES ");
-    for (i, (domain, hash, count)) in rows.enumerate() {
-        w.comma(i).tuple([
-            text(app),
-            text(space),
-            text(domain.as_str()),
-            Value::Bytes(hb(hash)),
-            Value::Int(count),
-        ]);
-    }
-}
-
-/// Appends the event and the request row of each update of `order` (indexes into
-/// `updates`, in revision order): the k-th (1..) gets the App's new revision less
-/// `order.len()` plus k.
-pub(super) fn event_parts(
-    w: &mut Writes,
-    (app, space): (&str, &str),
-    updates: &[RootRefChange<'_>],
-    order: &[usize],
-    now: i64,
-) {
-    let text = |s: &str| Value::Text(s.to_string());
-    let offset = |k: usize| Value::Int(k as i64 + 1 - order.len() as i64);
-    w.next(
-        "INSERT INTO root_ref_events (app_id, space_id, revision, ref_domain, request_id, \
-         changes, actor, applied_at) SELECT v.column1, v.column2, a.revision + v.column3, \
-         v.column4, v.column5, v.column6, v.column7, v.column8 FROM (VALUES ",
-    );
-    for (k, &i) in order.iter().enumerate() {
-        let u = &updates[i];
-        let changes = serde_json::to_string(u.changes).unwrap_or_else(|_| "{}".to_string());
-        w.comma(k).tuple([
-            text(app),
-            text(space),
-            offset(k),
-            text(u.domain.as_str()),
-            text(u.request_id.as_str()),
-            Value::Text(changes),
-            text(u.actor),
-            Value::Int(now),
-        ]);
-    }
-    w.text(") AS v, ");
-    w.revision_of(app);
-    w.next(
-        "INSERT INTO root_ref_requests (app_id, space_id, ref_domain, request_id, \
-         payload_hash, revision) SELECT v.column1, v.column2, v.column3, v.column4, \
-         v.column5, a.revision + v.column6 FROM (VALUES ",
-    );
-    for (k, &i) in order.iter().enumerate() {
-        let u = &updates[i];
-        w.comma(k).tuple([
-            text(app),
-            text(space),
-            text(u.domain.as_str()),
-            text(u.request_id.as_str()),
-            Value::Bytes(hb(u.payload_hash)),
-            offset(k),
-        ]);
-    }
-    w.text(") AS v, ");
-    w.revision_of(app);
-}
-
-/// The writes of a batch, in one round trip: on SQLite, statements one after the other in
-/// one text (run in order; an `INSERT … SELECT` reads the App's revision the first one
-/// wrote); on Postgres, one statement of data-modifying parts that read the App's new
-/// revision from the first one's `RETURNING`.
-pub(super) struct Writes {
-    statement: Statement,
-    parts: usize,
-}
-
-impl Writes {
-    pub(super) fn new(statement: Statement) -> Self {
-        Writes {
-            statement,
-            parts: 0,
-        }
-    }
-
-    /// Starts the next part with `sql`. The first part is the App's revision update, which
-    /// the others read as `a`.
-    pub(super) fn next(&mut self, sql: &str) -> &mut Statement {
-        let sep = match (self.statement.dialect(), self.parts) {
-            (Dialect::Postgres, 0) => "WITH a AS (".to_string(),
-            (Dialect::Postgres, n) => format!("), w{n} AS ("),
-            (Dialect::Sqlite, 0) => String::new(),
-            (Dialect::Sqlite, _) => "; ".to_string(),
-        };
-        self.parts += 1;
-        self.statement.text(&sep).text(sql)
-    }
-
-    /// The App's new revision as `a`: on Postgres the first part's `RETURNING`, on SQLite the
-    /// row the first statement updated.
-    fn revision_of(&mut self, app: &str) {
-        match self.statement.dialect() {
-            Dialect::Postgres => {
-                self.statement.text("a");
-            }
-            Dialect::Sqlite => {
-                self.statement
-                    .text("(SELECT revision FROM apps WHERE app_id = ")
-                    .value(Value::Text(app.to_string()))
-                    .text(") AS a");
-            }
-        }
-    }
-
-    /// The text and values of the whole.
-    pub(super) fn finish(
-        mut self,
-    ) -> sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments> {
-        if self.statement.dialect() == Dialect::Postgres {
-            self.statement.text(") SELECT revision FROM a");
-        }
-        self.statement.query()
-    }
-}
-
-impl std::ops::Deref for Writes {
-    type Target = Statement;
-    fn deref(&self) -> &Statement {
-        &self.statement
-    }
-}
-
-impl std::ops::DerefMut for Writes {
-    fn deref_mut(&mut self) -> &mut Statement {
-        &mut self.statement
-    }
-}
-
-/// Appends the deletion of the balances of (domain, hash) `keys` of a partition.
-pub(super) fn delete_balances(
-    q: &mut Statement,
-    (app, space): (&str, &str),
-    keys: &[(&RefDomain, Hash)],
-) {
-    q.text("DELETE FROM root_ref_balances WHERE app_id = ")
-        .value(Value::Text(app.to_string()))
-        .text(" AND space_id = ")
-        .value(Value::Text(space.to_string()))
-        .text(" AND (ref_domain, hash) IN (VALUES ");
-    for (i, (domain, hash)) in keys.iter().enumerate() {
-        q.comma(i).tuple([
-            Value::Text(domain.as_str().to_string()),
-            Value::Bytes(hb(hash)),
-        ]);
-    }
-    q.text(")");
+/// Whether each node the lookups found was rooted (its count above zero) before the batch.
+pub(super) fn rooted_of(found: &Found) -> BTreeMap<Hash, bool> {
+    found
+        .counts
+        .iter()
+        .map(|(h, (n, _))| (*h, *n > 0))
+        .collect()
 }
 
 /// A row of [`lookups_sql`]: kind, domain, request id, hash (hex), revision (of a request),
@@ -485,7 +337,7 @@ fn lookups_sql(
 }
 
 /// The domains the updates belong to.
-fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
+pub(super) fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
     updates.iter().map(|u| u.domain.as_str()).collect()
 }
 
