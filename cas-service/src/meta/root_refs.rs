@@ -1,8 +1,10 @@
 //! Root references: the updates of a batch applied in two round trips to the database, one
 //! of lookups and one of writes (App-global revisions, counts, current balances, events,
-//! idempotency records). The batch is planned in `root_ref_plan`; reads are in
-//! `root_ref_reads`; on SQLite a batch that only adds is written without its lookups
-//! (`root_ref_adding`).
+//! idempotency records). The batch is planned in `root_ref_plan` and written by
+//! `root_ref_writes`; reads are in `root_ref_reads`; on SQLite a batch that only adds is
+//! written without its lookups (`root_ref_adding`), and on Postgres a batch whose nodes the
+//! partition's memo holds is planned from it and written by a statement that checks the memo
+//! is current (`root_ref_memo`).
 //!
 //! Balances are kept per (Space, domain, hash); a node's root ref count is their sum over
 //! domains, read from them, not stored: its row is written only when the sum goes to or from
