@@ -68,7 +68,7 @@ type Answer = Result<(), Arc<str>>;
 
 struct Batch {
     tx: WriteTx,
-    /// Unique in the process (see [`Operation::batch`]), increasing in the order batches open.
+    /// Unique in the process (see [`Operation::batch_id`]), increasing in the order batches open.
     seq: u64,
     opened: Instant,
     /// The queued operations, answered by the commit.

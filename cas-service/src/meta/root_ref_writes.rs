@@ -1,21 +1,15 @@
 //! The writes of a root-ref batch, in one round trip: the App's revision, the nodes' `rooted`
 //! flags, the balances, an event and a request row for each update (see `root_refs`).
 
-use std::collections::BTreeSet;
-
 use cas_format::{Hash, RefDomain};
 
-use super::root_refs::{RootRefChange, domains_of};
+use super::root_refs::{RootRefChange, domains_of, ids_of, requests_among};
 use super::{Dialect, Statement, Value, hb};
 
 /// Appends the first part of a batch's writes: the App's revision moved by `accepted`, which
 /// the later parts read as `a`.
 pub(super) fn revision_part(w: &mut Writes, app: &str, accepted: i64) {
-    w.next("UPDATE apps SET revision = revision + ")
-        .value(Value::Int(accepted))
-        .text(" WHERE app_id = ")
-        .value(Value::Text(app.to_string()))
-        .text(" RETURNING revision");
+    revision_update(w, app, accepted).text(" RETURNING revision");
 }
 
 /// As [`revision_part`], for a batch planned from what the partition's memo held at
@@ -29,24 +23,21 @@ pub(super) fn held_revision_part(
     revision: i64,
     updates: &[RootRefChange<'_>],
 ) {
-    let text = |s: &str| Value::Text(s.to_string());
-    let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
     w.guarded = true;
+    let q = revision_update(w, app, accepted)
+        .text(" AND revision = ")
+        .value(Value::Int(revision))
+        .text(" AND NOT EXISTS (SELECT 1 FROM root_ref_requests WHERE ");
+    requests_among(q, (app, space), &domains_of(updates), &ids_of(updates));
+    q.text(") RETURNING revision");
+}
+
+/// The App's revision moved by `accepted`, up to the end of its condition.
+fn revision_update<'w>(w: &'w mut Writes, app: &str, accepted: i64) -> &'w mut Statement {
     w.next("UPDATE apps SET revision = revision + ")
         .value(Value::Int(accepted))
         .text(" WHERE app_id = ")
-        .value(text(app))
-        .text(" AND revision = ")
-        .value(Value::Int(revision))
-        .text(" AND NOT EXISTS (SELECT 1 FROM root_ref_requests WHERE app_id = ")
-        .value(text(app))
-        .text(" AND space_id = ")
-        .value(text(space))
-        .text(" AND ref_domain IN ")
-        .tuple(domains_of(updates).iter().map(|d| text(d)))
-        .text(" AND request_id IN ")
-        .tuple(ids.iter().map(|id| text(id)))
-        .text(") RETURNING revision");
+        .value(Value::Text(app.to_string()))
 }
 
 /// Appends the next part: an insert of the balances `rows` of a partition, each a (domain,

@@ -215,7 +215,7 @@ impl Partition {
             .iter()
             .flat_map(|u| u.changes.keys().copied())
             .collect();
-        let ids: BTreeSet<&str> = updates.iter().map(|u| u.request_id.as_str()).collect();
+        let ids = ids_of(updates);
         // One row of JSON for the whole batch: the driver's work is by row (a few
         // microseconds each, several times what the database spends finding it).
         let mut q = self.statement();
@@ -312,19 +312,12 @@ fn lookups_sql(
     ids: &BTreeSet<&str>,
     hashes: &BTreeSet<Hash>,
 ) -> Statement {
-    let text = |s: &str| Value::Text(s.to_string());
     q.text(&format!(
         "SELECT CAST({LOOKUP_REQUEST} AS BIGINT) AS kind, ref_domain, request_id, \
          payload_hash AS hash, revision AS n, CAST(NULL AS BIGINT) AS collecting_since, \
-         CAST(NULL AS BIGINT) AS balance FROM root_ref_requests WHERE app_id = "
-    ))
-    .value(text(app))
-    .text(" AND space_id = ")
-    .value(text(space))
-    .text(" AND ref_domain IN ")
-    .tuple(domains.iter().map(|d| text(d)))
-    .text(" AND request_id IN ")
-    .tuple(ids.iter().map(|id| text(id)));
+         CAST(NULL AS BIGINT) AS balance FROM root_ref_requests WHERE "
+    ));
+    requests_among(&mut q, (app, space), domains, ids);
     if hashes.is_empty() {
         return q;
     }
@@ -338,9 +331,33 @@ fn lookups_sql(
     q
 }
 
+/// Appends the condition on `root_ref_requests` that finds a partition's requests among
+/// `ids` in `domains` (it seeks the table's key).
+pub(super) fn requests_among(
+    q: &mut Statement,
+    (app, space): (&str, &str),
+    domains: &BTreeSet<&str>,
+    ids: &BTreeSet<&str>,
+) {
+    let text = |s: &str| Value::Text(s.to_string());
+    q.text("app_id = ")
+        .value(text(app))
+        .text(" AND space_id = ")
+        .value(text(space))
+        .text(" AND ref_domain IN ")
+        .tuple(domains.iter().map(|d| text(d)))
+        .text(" AND request_id IN ")
+        .tuple(ids.iter().map(|id| text(id)));
+}
+
 /// The domains the updates belong to.
 pub(super) fn domains_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
     updates.iter().map(|u| u.domain.as_str()).collect()
+}
+
+/// The updates' request ids.
+pub(super) fn ids_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
+    updates.iter().map(|u| u.request_id.as_str()).collect()
 }
 
 #[cfg(test)]
