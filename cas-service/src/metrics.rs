@@ -4,7 +4,8 @@
 //!   status;
 //! - writes: `commit_batch_operations` and `commit_duration_seconds` (the metadata store's
 //!   batch commits), `commit_failures_total`, `gate_wait_seconds` (an operation waiting for
-//!   its partition), `database_begin_wait_seconds` (a batch waiting for its transaction);
+//!   its partition), `gate_hold_seconds` (an operation holding it, its commit not included),
+//!   `database_begin_wait_seconds` (a batch waiting for its transaction);
 //! - the object store: `object_store_requests_total` by operation and outcome,
 //!   `object_store_duration_seconds` by operation;
 //! - what is outstanding (counted at most every [`BACKLOG_EVERY`]): `leases_outstanding`,
@@ -67,6 +68,7 @@ pub struct Metrics {
     commit_failures: Counter,
     root_ref_checks: Family<CheckLabel, Counter>,
     gate_wait: Histogram,
+    gate_hold: Histogram,
     begin_wait: Histogram,
     store_requests: Family<StoreLabels, Counter>,
     store_seconds: Family<OperationLabel, Histogram>,
@@ -98,6 +100,7 @@ impl Default for Metrics {
             commit_failures: Counter::default(),
             root_ref_checks: Family::default(),
             gate_wait: latency(),
+            gate_hold: latency(),
             begin_wait: latency(),
             store_requests: Family::default(),
             store_seconds: Family::new_with_constructor(latency),
@@ -151,6 +154,12 @@ impl Default for Metrics {
             "gate_wait_seconds",
             "Time an operation waited for its partition",
             m.gate_wait.clone(),
+        );
+        r.register(
+            "gate_hold_seconds",
+            "Time an operation held its partition, from its turn until it was queued for its \
+             batch's commit (the commit not included)",
+            m.gate_hold.clone(),
         );
         r.register(
             "database_begin_wait_seconds",
@@ -238,15 +247,17 @@ impl Metrics {
 
     /// What the metadata store's group commits tell.
     pub fn commit_observer(&self) -> CommitObserver {
-        let (operations, seconds, failures, gate, begin) = (
+        let (operations, seconds, failures, gate, hold, begin) = (
             self.commit_operations.clone(),
             self.commit_seconds.clone(),
             self.commit_failures.clone(),
             self.gate_wait.clone(),
+            self.gate_hold.clone(),
             self.begin_wait.clone(),
         );
         std::sync::Arc::new(move |e: CommitEvent| match e {
             CommitEvent::Held { waited } => gate.observe(waited.as_secs_f64()),
+            CommitEvent::Released { held } => hold.observe(held.as_secs_f64()),
             CommitEvent::Began { waited } => begin.observe(waited.as_secs_f64()),
             CommitEvent::Committed(s) => {
                 operations.observe(s.operations as f64);

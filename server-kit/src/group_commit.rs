@@ -57,6 +57,11 @@ pub enum CommitEvent {
     /// A new batch waited this long for its transaction (a database connection and, on
     /// Postgres, the partition's advisory lock).
     Began { waited: Duration },
+    /// An operation held its key this long: from its turn (savepoint or transaction opened)
+    /// until it was queued for its batch's commit or given up, the commit not included. Its
+    /// sum over a key's operations is how much of the time that key's work ran one operation
+    /// after another.
+    Released { held: Duration },
     /// A batch was committed (or failed to be).
     Committed(CommitStats),
 }
@@ -209,8 +214,9 @@ impl GroupCommit {
                 o(event);
             }
         };
+        let turn = Instant::now();
         observe(CommitEvent::Held {
-            waited: started.elapsed(),
+            waited: turn - started,
         });
         if guard.open.as_ref().is_some_and(|b| b.abandoned) {
             let batch = guard.open.as_mut().map(|b| &mut b.tx);
@@ -251,6 +257,7 @@ impl GroupCommit {
             guard: Some(guard),
             shared: self.shared.clone(),
             savepoint: !first,
+            turn,
         };
         if op.savepoint {
             let unreleased = op
@@ -342,6 +349,8 @@ pub struct Operation {
     shared: Arc<Shared>,
     /// Inside a savepoint (every operation but the first of its batch).
     savepoint: bool,
+    /// When it began to hold the key.
+    turn: Instant,
 }
 
 impl Operation {
@@ -366,6 +375,15 @@ impl Operation {
 
     fn batch(&mut self) -> Option<&mut Batch> {
         self.guard.as_mut().and_then(|g| g.open.as_mut())
+    }
+
+    /// Tells the observer how long the operation held the key, as it gives the key up.
+    fn released(&self) {
+        if let Some(o) = &self.shared.observer {
+            o(CommitEvent::Released {
+                held: self.turn.elapsed(),
+            });
+        }
     }
 
     /// Queues the operation for its batch's commit and waits until that commit is done:
@@ -404,6 +422,7 @@ impl Operation {
         batch.settled.extend(settled);
         let seq = batch.seq;
         let full = batch.waiters.len() >= MAX_BATCH || batch.opened.elapsed() >= MAX_BATCH_AGE;
+        self.released();
         let shared = self.shared.clone();
         if full || (!followed && shared.waiting.load(Ordering::SeqCst) == 0) {
             // Commit in a task of its own: the batch is committed and everyone in it answered
@@ -437,6 +456,7 @@ impl Drop for Operation {
         let Some(mut guard) = self.guard.take() else {
             return;
         };
+        self.released();
         let Some(batch) = guard.open.as_mut() else {
             return;
         };

@@ -21,11 +21,12 @@ use tests::*;
 
 /// 64 concurrent operations on one key: each inserts its row; every third one then fails (a
 /// duplicate key) and every fifth is dropped without committing. Only the others' rows are
-/// there, and they shared commits.
+/// there, and they shared commits. Each operation, whatever became of it, reported once how
+/// long it held the key, at least the time it slept holding it.
 async fn a_failing_operation_fails_alone(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let sql = batch_table(&env).await?;
-    let (stats, observer) = recorder();
+    let (stats, held, observer) = recorder();
     let group = GroupCommit::new(Some(observer));
     let mut tasks = Vec::new();
     for i in 0..64i64 {
@@ -66,6 +67,16 @@ async fn a_failing_operation_fails_alone(b: Backend) -> anyhow::Result<()> {
     assert_eq!(rows, committed, "exactly the committed operations' rows");
     let expected: Vec<i64> = (0..64).filter(|i| i % 3 != 0 && i % 5 != 0).collect();
     assert_eq!(committed, expected);
+    let held = held.lock().unwrap().clone();
+    assert_eq!(
+        held.len(),
+        64,
+        "every operation gave up the key once: {held:?}"
+    );
+    assert!(
+        held.iter().all(|h| *h >= Duration::from_millis(2)),
+        "{held:?}"
+    );
     let stats = stats.lock().unwrap().clone();
     assert!(stats.iter().all(|s| s.ok));
     assert_eq!(
@@ -100,16 +111,18 @@ async fn batch_table(env: &TestEnv) -> anyhow::Result<SqlPool> {
     Ok(sql)
 }
 
-/// The commits a group commit reports, and the observer that records them.
-fn recorder() -> (Arc<Mutex<Vec<CommitStats>>>, CommitObserver) {
-    let stats: Arc<Mutex<Vec<CommitStats>>> = Arc::default();
-    let seen = stats.clone();
-    let observer: CommitObserver = Arc::new(move |e| {
-        if let CommitEvent::Committed(s) = e {
-            seen.lock().unwrap().push(s);
-        }
+/// The commits a group commit reports, how long each operation held the key, and the
+/// observer that records them.
+type Recorded<T> = Arc<Mutex<Vec<T>>>;
+fn recorder() -> (Recorded<CommitStats>, Recorded<Duration>, CommitObserver) {
+    let (stats, held): (Recorded<CommitStats>, Recorded<Duration>) = Default::default();
+    let (seen, released) = (stats.clone(), held.clone());
+    let observer: CommitObserver = Arc::new(move |e| match e {
+        CommitEvent::Committed(s) => seen.lock().unwrap().push(s),
+        CommitEvent::Released { held } => released.lock().unwrap().push(held),
+        _ => {}
     });
-    (stats, observer)
+    (stats, held, observer)
 }
 
 /// A batch left open for a follower (`commit_followed`) commits together with it; one whose
@@ -120,7 +133,7 @@ fn recorder() -> (Arc<Mutex<Vec<CommitStats>>>, CommitObserver) {
 async fn a_batch_left_open_commits_with_or_without_its_follower(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let sql = batch_table(&env).await?;
-    let (stats, observer) = recorder();
+    let (stats, _, observer) = recorder();
     let group = GroupCommit::with_flush_after(Some(observer), Duration::from_secs(3600));
     let within = |what: &'static str, task: tokio::task::JoinHandle<Result<(), sqlx::Error>>| async move {
         tokio::time::timeout(Duration::from_secs(60), task)

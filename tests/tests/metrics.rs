@@ -10,6 +10,7 @@ use tests::*;
 async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
     let env = TestEnv::new(b).await?;
     let app = env.create_app("hub")?;
+    let started = std::time::Instant::now();
     let server = env.start()?;
     let client = app.client(&server);
     let sp = space("s");
@@ -92,7 +93,17 @@ async fn a_scrape_counts_what_was_sent(b: Backend) -> anyhow::Result<()> {
         commits
     );
     assert_eq!(metric(&text, "unicas_commit_failures_total"), 0.0);
-    assert!(metric(&text, "unicas_gate_wait_seconds_count") >= operations);
+    let turns = metric(&text, "unicas_gate_wait_seconds_count");
+    assert!(turns >= operations);
+    // Every operation of a commit gave up its turn before the commit, having held it a while,
+    // but not for the whole run (a background one may hold its turn as the scrape is taken).
+    let gave_up = metric(&text, "unicas_gate_hold_seconds_count");
+    assert!(gave_up >= operations && gave_up <= turns, "{text}");
+    let held = metric(&text, "unicas_gate_hold_seconds_sum");
+    assert!(
+        held > 0.0 && held < started.elapsed().as_secs_f64(),
+        "{text}"
+    );
     let begun = metric(&text, "unicas_database_begin_wait_seconds_count");
     assert!(begun >= commits && begun <= metric(&text, "unicas_gate_wait_seconds_count"));
     // The object store: one object written, for the large node (the six small ones are held

@@ -19,7 +19,10 @@
 //!   phase of the same load has filled the event history), and on SQLite the bytes the server
 //!   wrote per update (`wchar` of its `/proc/<pid>/io`: the write-ahead log and checkpoints);
 //!   for both this phase and the baseline, the CPU an operation cost the server, the database
-//!   server (Postgres) and the load generator, and how busy the machine was (`cpu`);
+//!   server (Postgres) and the load generator, and how busy the machine was (`cpu`); its
+//!   commits (operations in each, time each took), and how long an operation held the
+//!   partition and how much of the phase operations and commits took (`commits`): the share
+//!   left is time the partition waited for requests;
 //! - small-node (1 KiB) uploads per second (lease, PUT, lease), and nodes stored per second
 //!   by batch leases of 100 nodes carried inline (on SQLite with the bytes written per node);
 //! - GC deletions per second;
@@ -45,8 +48,10 @@ use cas_client::AppCasClient;
 use cas_format::{Hash, SpaceId};
 use tests::{Backend, Blobs, Db, TestEnv, leaf, space};
 
+mod commits;
 mod cpu;
 mod tree;
+use commits::Commits;
 use cpu::CpuMark;
 use tree::{TreeShape, tree_bench};
 
@@ -123,50 +128,6 @@ fn name(b: Backend) -> &'static str {
         (Db::Sqlite, Blobs::S3) => "sqlite-s3",
         (Db::Postgres, Blobs::Fs) => "postgres-fs",
         (Db::Postgres, Blobs::S3) => "postgres-s3",
-    }
-}
-
-/// The server's commit counters (from `/metrics`) at one moment.
-#[derive(Debug, Default, Clone, Copy)]
-struct Commits {
-    batches: f64,
-    operations: f64,
-    seconds: f64,
-    gate_waits: f64,
-    gate_wait_seconds: f64,
-}
-
-impl Commits {
-    async fn read(http: &reqwest::Client, server: &str) -> anyhow::Result<Self> {
-        let text = http
-            .get(format!("{server}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
-        let value = |name: &str| -> f64 {
-            let v = tests::metric(&text, name);
-            if v.is_nan() { 0.0 } else { v }
-        };
-        Ok(Commits {
-            batches: value("unicas_commit_batch_operations_count"),
-            operations: value("unicas_commit_batch_operations_sum"),
-            seconds: value("unicas_commit_duration_seconds_sum"),
-            gate_waits: value("unicas_gate_wait_seconds_count"),
-            gate_wait_seconds: value("unicas_gate_wait_seconds_sum"),
-        })
-    }
-
-    /// What happened between `before` and `self`, as one line.
-    fn since(&self, before: &Commits) -> String {
-        let batches = (self.batches - before.batches).max(1.0);
-        let waits = (self.gate_waits - before.gate_waits).max(1.0);
-        format!(
-            "{:.1} operations a commit, {:.2} ms a commit, {:.2} ms mean wait for the gate",
-            (self.operations - before.operations) / batches,
-            (self.seconds - before.seconds) * 1e3 / batches,
-            (self.gate_wait_seconds - before.gate_wait_seconds) * 1e3 / waits,
-        )
     }
 }
 
