@@ -392,11 +392,15 @@ impl Operation {
         self.queue(false, None).await
     }
 
-    /// As [`Operation::commit`] (or [`Operation::commit_followed`]), and `settled` is told
-    /// whether the batch's commit succeeded as soon as that is known, before the next batch of
-    /// the key begins. An operation dropped before it is queued is never told.
-    pub async fn commit_then(self, followed: bool, settled: Settled) -> Result<(), sqlx::Error> {
-        self.queue(followed, Some(settled)).await
+    /// As [`Operation::commit`] (or [`Operation::commit_followed`]), and `settled`, if given,
+    /// is told whether the batch's commit succeeded as soon as that is known, before the next
+    /// batch of the key begins. An operation dropped before it is queued is never told.
+    pub async fn commit_then(
+        self,
+        followed: bool,
+        settled: Option<Settled>,
+    ) -> Result<(), sqlx::Error> {
+        self.queue(followed, settled).await
     }
 
     /// As [`Operation::commit`], when the caller knows another operation of this key is on its

@@ -23,7 +23,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use cas_format::{AppId, Hash, SpaceId};
-use server_kit::group_commit::{CommitObserver, GroupCommit, Operation};
+use server_kit::group_commit::{CommitObserver, GroupCommit, Operation, Settled};
 pub(crate) use server_kit::sql::Binds;
 use server_kit::sql::{PoolOptions, SqlPool, WriteTx};
 use sha2::{Digest, Sha256};
@@ -135,15 +135,11 @@ impl Partition {
     }
 
     async fn finish(self, followed: bool) -> Result<(), sqlx::Error> {
-        match self.remembered {
-            Some(batch) => {
-                let (memos, key) = (self.memos, (self.app, self.space));
-                let settled = Box::new(move |ok| memos.settle(&key, batch, ok));
-                self.op.commit_then(followed, settled).await
-            }
-            None if followed => self.op.commit_followed().await,
-            None => self.op.commit().await,
-        }
+        let (memos, key) = (self.memos, (self.app, self.space));
+        let settled = self
+            .remembered
+            .map(|batch| -> Settled { Box::new(move |ok| memos.settle(&key, batch, ok)) });
+        self.op.commit_then(followed, settled).await
     }
 
     /// How the operation's root-ref batch was checked (Postgres), if it applied one.
