@@ -392,6 +392,10 @@ async fn verify_signature(
             _ => invalid("cannot be verified"),
         })?
         .claims;
+    // The subject is recorded as who acted; a database's text cannot hold a NUL.
+    if claims.sub.as_deref().is_some_and(|s| s.contains('\0')) {
+        return Err(invalid("the subject holds a NUL character"));
+    }
     // The public contract's capabilities are ES256 and say what they are.
     if claims.upstream().map_err(invalid)? {
         if alg != Algorithm::ES256 {

@@ -306,7 +306,7 @@ impl Service {
         turn: OwnedMutexGuard<()>,
     ) {
         let applied = async {
-            let mut p = self.meta.gate(app, space).await?;
+            let mut p = self.meta.root_ref_gate(app, space).await?;
             let changes: Vec<RootRefChange<'_>> = batch
                 .iter()
                 .map(|u| RootRefChange {

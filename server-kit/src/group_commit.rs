@@ -19,6 +19,13 @@
 //! waiting) commits it itself after [`FLUSH_AFTER`]; an operation dropped while others are
 //! queued in its batch and nobody waits commits the others at once.
 //!
+//! An operation held with [`GroupCommit::hold_deferred`] opens its savepoint only when it asks
+//! ([`Operation::protect`]): what it runs before that cannot be rolled back alone, so if it
+//! fails or is dropped after running a statement, its whole batch fails (everyone queued in it
+//! is answered with the error and nothing of it is applied). That is one round trip fewer for
+//! an operation whose statements fail only when the database does (a lost connection), not
+//! because of what it was asked.
+//!
 //! A caller may know more than who is waiting: work it has queued for another task that will
 //! hold the key in a moment. [`Operation::commit_followed`] leaves the batch open for that one
 //! as for an operation already waiting; [`GroupCommit::flush`] commits it if the follower does
@@ -204,6 +211,25 @@ impl GroupCommit {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<WriteTx, sqlx::Error>>,
     {
+        self.hold_with(begin, false).await
+    }
+
+    /// As [`GroupCommit::hold`], but an operation queued behind others opens no savepoint
+    /// until [`Operation::protect`]: until then, if it fails or is dropped after running a
+    /// statement, its whole batch fails with it.
+    pub async fn hold_deferred<F, Fut>(&self, begin: F) -> Result<Operation, sqlx::Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<WriteTx, sqlx::Error>>,
+    {
+        self.hold_with(begin, true).await
+    }
+
+    async fn hold_with<F, Fut>(&self, begin: F, deferred: bool) -> Result<Operation, sqlx::Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<WriteTx, sqlx::Error>>,
+    {
         let started = Instant::now();
         let mut guard = {
             let _waiting = Waiting::new(&self.shared.waiting);
@@ -256,25 +282,29 @@ impl GroupCommit {
         let mut op = Operation {
             guard: Some(guard),
             shared: self.shared.clone(),
-            savepoint: !first,
+            undo: if first {
+                Undo::Batch
+            } else {
+                Undo::Unprotected { ran: false }
+            },
             turn,
         };
-        if op.savepoint {
-            let unreleased = op
-                .batch()
-                .map(|b| std::mem::take(&mut b.unreleased))
-                .unwrap_or(false);
-            // One round trip: the queued operation before this one is made part of the batch
-            // as this one's savepoint opens.
-            let sql = if unreleased {
-                "RELEASE SAVEPOINT unicas_op; SAVEPOINT unicas_op"
-            } else {
-                "SAVEPOINT unicas_op"
-            };
-            sqlx::raw_sql(sql).execute(&mut **op.tx()).await?;
+        if !deferred {
+            op.protect().await?;
         }
         Ok(op)
     }
+}
+
+/// How an operation that fails is undone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    /// With its batch, which holds nothing else (the first operation of a batch).
+    Batch,
+    /// By rolling back to its savepoint.
+    Savepoint,
+    /// It has no savepoint (yet): if it ran a statement, only by failing its whole batch.
+    Unprotected { ran: bool },
 }
 
 /// Rolls back the abandoned operation's savepoint.
@@ -347,15 +377,44 @@ async fn flush(mut slot: OwnedMutexGuard<Slot>, observer: Option<&CommitObserver
 pub struct Operation {
     guard: Option<OwnedMutexGuard<Slot>>,
     shared: Arc<Shared>,
-    /// Inside a savepoint (every operation but the first of its batch).
-    savepoint: bool,
+    /// How it is undone if it fails before it is queued.
+    undo: Undo,
     /// When it began to hold the key.
     turn: Instant,
 }
 
 impl Operation {
+    /// Opens the operation's savepoint if it has none (see [`GroupCommit::hold_deferred`]):
+    /// from now on it fails alone. What it ran before stays with its batch whatever it does
+    /// next.
+    pub async fn protect(&mut self) -> Result<(), sqlx::Error> {
+        if !matches!(self.undo, Undo::Unprotected { .. }) {
+            return Ok(());
+        }
+        let unreleased = self
+            .batch()
+            .map(|b| std::mem::take(&mut b.unreleased))
+            .unwrap_or(false);
+        // One round trip: the queued operation before this one is made part of the batch as
+        // this one's savepoint opens.
+        let sql = if unreleased {
+            "RELEASE SAVEPOINT unicas_op; SAVEPOINT unicas_op"
+        } else {
+            "SAVEPOINT unicas_op"
+        };
+        // Should it fail, the operation is left without a savepoint that it ran something
+        // in: dropped, it fails its batch (rolling back to a savepoint that may be the one
+        // before would undo another operation).
+        sqlx::raw_sql(sql).execute(&mut **self.tx()).await?;
+        self.undo = Undo::Savepoint;
+        Ok(())
+    }
+
     /// The transaction the operation's statements run in.
     pub fn tx(&mut self) -> &mut Transaction<'static, Any> {
+        if let Undo::Unprotected { ran } = &mut self.undo {
+            *ran = true;
+        }
         match self.batch() {
             Some(batch) => &mut batch.tx,
             // `hold` opens the batch and only `commit` and `drop` take the guard.
@@ -420,8 +479,11 @@ impl Operation {
             return Err(to_error(Arc::from("the operation holds no batch")));
         };
         // Its savepoint stays open until the next operation or the commit releases it: one
-        // round trip fewer for every operation but the first of a batch.
-        batch.unreleased = self.savepoint;
+        // round trip fewer for every operation but the first of a batch. (One without a
+        // savepoint leaves the one before it open.)
+        if self.undo == Undo::Savepoint {
+            batch.unreleased = true;
+        }
         batch.waiters.push(sender);
         batch.settled.extend(settled);
         let seq = batch.seq;
@@ -469,8 +531,19 @@ impl Drop for Operation {
             guard.open = None;
             return;
         }
-        // Others are queued in it: the next holder (or the commit) rolls this one back.
-        batch.abandoned = true;
+        match self.undo {
+            // Others are queued in it: the next holder (or the commit) rolls this one back.
+            Undo::Batch | Undo::Savepoint => batch.abandoned = true,
+            Undo::Unprotected { ran: false } => {}
+            Undo::Unprotected { ran: true } => {
+                // What it ran cannot be told apart from what the others did.
+                let e = to_error(Arc::from(
+                    "an operation of the batch failed where it could not be undone alone",
+                ));
+                fail_batch(&mut guard, &e);
+                return;
+            }
+        }
         // Nobody waits to hold the key next: commit the others now rather than after
         // [`FLUSH_AFTER`].
         if self.shared.waiting.load(Ordering::SeqCst) == 0

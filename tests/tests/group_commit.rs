@@ -3,6 +3,8 @@
 //! - A failing operation in a batch is rolled back alone; the others of its batch commit.
 //! - A batch left open for a follower commits with it, or without it when it does not come
 //!   or is dropped.
+//! - An operation without a savepoint of its own fails its whole batch if it fails after
+//!   running a statement, and only then.
 //! - The server SIGKILLed while many writers' batches commit (root-ref updates, single leases
 //!   and batch leases of inline nodes): after a restart every answered request is there, every
 //!   node answered ready reads back whole, and every request is there whole or not at all
@@ -189,6 +191,77 @@ async fn a_batch_left_open_commits_with_or_without_its_follower(b: Backend) -> a
         "the dropped operation's row is not there"
     );
     assert!(stats.lock().unwrap().iter().all(|s| s.ok));
+    Ok(())
+}
+
+/// An operation held without a savepoint (`hold_deferred`) shares its batch's commit when it
+/// succeeds and costs the others nothing when dropped before it ran anything; once it ran a
+/// statement, failing fails its whole batch (nothing of it applied, the others told), and the
+/// next batch is unaffected; after `protect` it fails alone again, what it ran before kept.
+async fn an_operation_without_a_savepoint_fails_with_its_batch(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let sql = batch_table(&env).await?;
+    let (stats, _, observer) = recorder();
+    let group = GroupCommit::with_flush_after(Some(observer), Duration::from_secs(3600));
+    let insert = |id: i64| sqlx::query("INSERT INTO batch_rows (id) VALUES ($1)").bind(id);
+    let within = |task: tokio::task::JoinHandle<Result<(), sqlx::Error>>| async move {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .map_err(|_| anyhow::anyhow!("the batch was never committed"))?
+            .map_err(anyhow::Error::from)
+    };
+    // A batch's first operation inserting `id`, queued and left open for what follows.
+    let first = |id: i64| {
+        let (group, sql) = (group.clone(), sql.clone());
+        async move {
+            let mut op = group.hold(|| sql.write()).await?;
+            insert(id).execute(&mut **op.tx()).await?;
+            anyhow::Ok(tokio::spawn(op.commit_followed()))
+        }
+    };
+
+    // It succeeds: one commit of both.
+    let queued = first(1).await?;
+    let mut op = group.hold_deferred(|| sql.write()).await?;
+    insert(2).execute(&mut **op.tx()).await?;
+    op.commit().await?;
+    within(queued).await??;
+
+    // Dropped before it ran anything: the others commit.
+    let queued = first(3).await?;
+    drop(group.hold_deferred(|| sql.write()).await?);
+    within(queued).await??;
+
+    // A statement of it fails: the batch fails whole.
+    let queued = first(4).await?;
+    let mut op = group.hold_deferred(|| sql.write()).await?;
+    insert(5).execute(&mut **op.tx()).await?;
+    let dup = insert(4).execute(&mut **op.tx()).await;
+    assert!(dup.is_err(), "a duplicate key was accepted");
+    drop(op);
+    let failed = within(queued).await?;
+    let message = failed.expect_err("the batch of a failed unprotected operation committed");
+    assert!(
+        message.to_string().contains("could not be undone alone"),
+        "{message}"
+    );
+
+    // Protected after a statement: it fails alone, that statement kept with the batch.
+    let queued = first(6).await?;
+    let mut op = group.hold_deferred(|| sql.write()).await?;
+    insert(7).execute(&mut **op.tx()).await?;
+    op.protect().await?;
+    insert(8).execute(&mut **op.tx()).await?;
+    assert!(insert(6).execute(&mut **op.tx()).await.is_err());
+    drop(op);
+    within(queued).await??;
+
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT id FROM batch_rows ORDER BY id")
+        .fetch_all(sql.pool())
+        .await?;
+    assert_eq!(rows, [1, 2, 3, 6, 7], "what each step left");
+    let commits: Vec<usize> = stats.lock().unwrap().iter().map(|s| s.operations).collect();
+    assert_eq!(commits, [2, 1, 1], "the failed batch was never committed");
     Ok(())
 }
 
@@ -434,5 +507,6 @@ async fn postgres_connections_send_without_delay() -> anyhow::Result<()> {
 hub_e2e!(
     a_failing_operation_fails_alone,
     a_batch_left_open_commits_with_or_without_its_follower,
+    an_operation_without_a_savepoint_fails_with_its_batch,
     a_killed_server_loses_no_answered_write
 );

@@ -151,6 +151,12 @@ impl Partition {
         self.op.tx()
     }
 
+    /// Opens the operation's savepoint if it was held without one (see
+    /// [`MetaStore::root_ref_gate`]): from now on it fails alone.
+    pub(crate) async fn protect(&mut self) -> Result<(), sqlx::Error> {
+        self.op.protect().await
+    }
+
     /// The placeholders of a new statement.
     pub(crate) fn binds(&self) -> Binds {
         Binds::new(self.dialect)
@@ -446,6 +452,29 @@ impl MetaStore {
 
     /// Opens the mutation gate of a partition.
     pub async fn gate(&self, app: &AppId, space: &SpaceId) -> Result<Partition, sqlx::Error> {
+        self.gate_with(app, space, false).await
+    }
+
+    /// As [`MetaStore::gate`], for root-ref updates: on Postgres the operation opens its
+    /// savepoint only if its batch was not planned from the partition's memo (see
+    /// `Partition::apply_held`), whose one statement fails only when the database does; then
+    /// its batch fails with it. On SQLite a savepoint costs no round trip and is always
+    /// opened.
+    pub async fn root_ref_gate(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+    ) -> Result<Partition, sqlx::Error> {
+        self.gate_with(app, space, self.dialect == Dialect::Postgres)
+            .await
+    }
+
+    async fn gate_with(
+        &self,
+        app: &AppId,
+        space: &SpaceId,
+        deferred: bool,
+    ) -> Result<Partition, sqlx::Error> {
         let begin = || async {
             match self.dialect {
                 Dialect::Sqlite => self.sql.write().await,
@@ -463,7 +492,12 @@ impl MetaStore {
                 }
             }
         };
-        let op = self.group(app.as_str(), space.as_str()).hold(begin).await?;
+        let group = self.group(app.as_str(), space.as_str());
+        let op = if deferred {
+            group.hold_deferred(begin).await?
+        } else {
+            group.hold(begin).await?
+        };
         Ok(Partition {
             op,
             dialect: self.dialect,

@@ -115,6 +115,9 @@ impl Partition {
         if let Some(outcomes) = self.apply_held(updates, now).await? {
             return Ok(outcomes);
         }
+        // From here the operation fails alone, in a savepoint (a held write that found its
+        // state stale wrote nothing).
+        self.protect().await?;
         let found = self.lookups(updates).await?;
         let read = (self.dialect == Dialect::Postgres).then(|| found.clone());
         let rooted = rooted_of(&found);

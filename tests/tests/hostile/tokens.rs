@@ -1,6 +1,7 @@
 //! Class 9: token hygiene. Every capability that does not verify gets the same code and the
 //! same message (an unknown key id must not be told apart from a bad signature, or anyone could
-//! list an App's keys); a capability may not live longer than the configured maximum; and
+//! list an App's keys; a subject that no database could record as who acted is refused the
+//! same way); a capability may not live longer than the configured maximum; and
 //! `/metrics` can be moved to its own listener or turned off.
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -69,6 +70,11 @@ async fn every_bad_token_looks_the_same(b: Backend) -> anyhow::Result<()> {
             sign(&app.kid, &key, &c)
         }),
         ("not a JWT", "abc.def.ghi".to_string()),
+        ("a subject holding a NUL character", {
+            let mut c = good.clone();
+            c["sub"] = "user\u{0}7".into();
+            sign(&app.kid, &key, &c)
+        }),
     ];
     let mut bodies = Vec::new();
     for (what, token) in refused {
