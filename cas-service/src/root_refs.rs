@@ -2,10 +2,11 @@
 //! hash, the revision-stable cursor, and the queue that applies the updates of one partition
 //! together.
 //!
-//! Updates of one (App, Space) wait in that partition's queue; whoever gets its turn takes
-//! what is queued (up to [`MAX_QUEUED_UPDATES`] updates naming at most
-//! [`MAX_BATCH_HASHES`] hashes) and applies it in one operation of the partition's gate, in
-//! arrival order, each update with its own revision and its own answer. The turn passes on
+//! Updates of one (App, Space) wait in that partition's queue; whoever gets its turn holds
+//! the partition's gate, then takes what is queued by then (up to [`MAX_QUEUED_UPDATES`]
+//! updates naming at most [`MAX_BATCH_HASHES`] hashes: those that came while it waited for
+//! the gate too) and applies it in that one operation, in arrival order, each update with its
+//! own revision and its own answer. The turn passes on
 //! before the commit; when updates are queued behind a batch, its commit is left open for the
 //! batch that takes them (`commit_followed`), so the two share one durable commit.
 
@@ -266,26 +267,21 @@ impl Service {
         };
         loop {
             let turn = queue.turn.clone().lock_owned().await;
-            let batch = queue.take();
-            let awaited = queue.followed.swap(false, Ordering::SeqCst);
             // Empty: a turn before this one took the update and answers it.
-            if batch.is_empty() {
+            if queue.pending().is_empty() {
                 // The updates a batch left its commit open for were withdrawn: commit it.
-                if awaited {
+                if queue.followed.swap(false, Ordering::SeqCst) {
                     self.meta.flush(app, space).await;
                 }
                 break;
             }
-            let mine = batch.iter().any(|p| p.seq == seq);
             // In a task of its own: the batch is applied and answered even if this request
             // goes away meanwhile.
             let (svc, app, space, q) = (self.clone(), app.clone(), space.clone(), queue.clone());
             let applied =
-                tokio::spawn(
-                    async move { svc.apply_root_refs(&app, &space, batch, &q, turn).await },
-                );
-            let _ = applied.await;
-            if mine {
+                tokio::spawn(async move { svc.apply_root_refs(&app, &space, &q, turn, seq).await });
+            // A turn that failed to run took nothing of this request's: it is still queued.
+            if applied.await.unwrap_or(false) {
                 break;
             }
         }
@@ -294,19 +290,32 @@ impl Service {
             .unwrap_or_else(|_| Err(ApiError::unavailable("the update was interrupted; retry")))
     }
 
-    /// Applies one batch of queued updates and answers each of them; gives up the turn once
-    /// the batch is applied, before it commits, and leaves the commit open for the next turn
-    /// when updates are queued for it.
+    /// Holds the partition, then takes the queued updates (those that arrived while it waited
+    /// for the partition too), applies them as one batch and answers each of them; gives up
+    /// the turn once the batch is applied, before it commits, and leaves the commit open for
+    /// the next turn when updates are queued for it. Returns whether it took update `seq`.
     async fn apply_root_refs(
         &self,
         app: &AppId,
         space: &SpaceId,
-        batch: Vec<Pending>,
         queue: &Queue,
         turn: OwnedMutexGuard<()>,
-    ) {
+        seq: u64,
+    ) -> bool {
+        let gated = self.meta.root_ref_gate(app, space).await;
+        let batch = queue.take();
+        let awaited = queue.followed.swap(false, Ordering::SeqCst);
+        if batch.is_empty() {
+            // Withdrawn while the partition was held: commit what was left open for them.
+            drop(gated);
+            if awaited {
+                self.meta.flush(app, space).await;
+            }
+            return false;
+        }
+        let mine = batch.iter().any(|p| p.seq == seq);
         let applied = async {
-            let mut p = self.meta.root_ref_gate(app, space).await?;
+            let mut p = gated?;
             let changes: Vec<RootRefChange<'_>> = batch
                 .iter()
                 .map(|u| RootRefChange {
@@ -334,7 +343,7 @@ impl Service {
                 for u in batch {
                     let _ = u.answer.send(Err(e.clone()));
                 }
-                return;
+                return mine;
             }
         };
         let committed = if followed {
@@ -355,6 +364,7 @@ impl Service {
             };
             let _ = u.answer.send(answer);
         }
+        mine
     }
 
     /// One page of a Space's balances in one domain, stable at the revision of the first page.
