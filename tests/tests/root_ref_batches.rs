@@ -1,7 +1,8 @@
 //! Root refs end to end: updates, replays, every refusal, stable balance pages; and updates
 //! of one partition applied together with nothing of that visible: each update keeps its own
 //! revision, its own answer and its own place in the balance history, replays and conflicts
-//! are told apart inside a batch as across batches, and a refused update changes nothing.
+//! are told apart inside a batch as across batches, and a refused update changes nothing;
+//! updates whose requests go away at any moment are applied whole or not at all.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -189,6 +190,118 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
         "{commits} commits for {} updates",
         applied.len()
     );
+    Ok(())
+}
+
+/// Updates whose requests go away at any moment (before their turn, while their turn waits
+/// for the partition, while they are applied): each is applied whole or not at all, every
+/// answered one is there with its own revision, revisions stay consecutive, the balances are
+/// the sum of the events, and the partition keeps serving (an update after them is answered).
+async fn updates_whose_requests_go_away_are_whole_or_absent(b: Backend) -> anyhow::Result<()> {
+    let env = TestEnv::new(b).await?;
+    let app = env.create_app("hub")?;
+    let server = env.start()?;
+    let client = app.client(&server).with_retry(RetryPolicy {
+        attempts: 1,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+    });
+    let sp = space("s");
+    let mut nodes = Vec::new();
+    for i in 0..NODES as u32 {
+        let (h, bytes) = leaf(&i.to_le_bytes());
+        client.ensure_node(&sp, &h, &bytes, 600_000).await?;
+        nodes.push(h);
+    }
+    let sent = |i: usize| BTreeMap::from([(nodes[i % NODES], 1), (nodes[(i + 5) % NODES], 2)]);
+    let mut tasks = Vec::new();
+    for i in 0..200usize {
+        let (client, sp, changes) = (client.clone(), sp.clone(), sent(i));
+        // Every other request gives up after 0 to 4 ms.
+        let patience = Duration::from_micros(if i % 2 == 0 {
+            (i as u64 * 397) % 4000
+        } else {
+            60_000_000
+        });
+        tasks.push(tokio::spawn(async move {
+            let rid: RequestId = format!("w{i}").parse()?;
+            let answer =
+                tokio::time::timeout(patience, client.update_root_refs(&sp, &rid, changes)).await;
+            anyhow::Ok((i, answer.ok()))
+        }));
+    }
+    let (mut answered, mut gone) = (BTreeMap::new(), 0);
+    for t in tasks {
+        match t.await?? {
+            (i, Some(Ok(r))) => {
+                assert!(r.success && !r.idempotent, "update {i}: {r:?}");
+                answered.insert(format!("w{i}"), r.revision as i64);
+            }
+            (i, Some(Err(e))) => panic!("update {i} refused: {e}"),
+            (_, None) => gone += 1,
+        }
+    }
+    assert!(
+        gone > 0 && answered.len() >= 100,
+        "{gone} went away, {} answered",
+        answered.len()
+    );
+    // The partition is not left waiting for anything.
+    let last = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.update_root_refs(&sp, &"after".parse()?, sent(0)),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("an update after the others was never answered"))??;
+
+    let meta = env.meta().await?;
+    let app_id = "hub".parse()?;
+    let filter = RefFilter {
+        space: Some(&sp),
+        domain: None,
+        hash: None,
+    };
+    let events = meta.events(&app_id, filter, 0, i64::MAX, 1000).await?;
+    let revisions: Vec<i64> = events.iter().map(|e| e.revision).collect();
+    let first = revisions[0];
+    assert_eq!(
+        revisions,
+        (first..first + revisions.len() as i64).collect::<Vec<_>>()
+    );
+    assert_eq!(revisions.last(), Some(&(last.revision as i64)));
+    let mut sums: BTreeMap<Hash, i64> = BTreeMap::new();
+    for e in &events {
+        let changes: BTreeMap<Hash, i64> = serde_json::from_str(&e.changes)?;
+        let i = match e.request_id.strip_prefix('w') {
+            Some(i) => i.parse()?,
+            None => 0,
+        };
+        assert_eq!(
+            changes,
+            sent(i),
+            "event {} ({}) is whole",
+            e.revision,
+            e.request_id
+        );
+        if let Some(revision) = answered.remove(&e.request_id) {
+            assert_eq!(
+                revision, e.revision,
+                "{} answered its own revision",
+                e.request_id
+            );
+        }
+        for (h, d) in changes {
+            *sums.entry(h).or_default() += d;
+        }
+    }
+    assert!(
+        answered.is_empty(),
+        "answered but not applied: {answered:?}"
+    );
+    let page = client.list_root_refs(&sp, 100, None).await?;
+    let listed: BTreeMap<Hash, i64> = page.items.iter().map(|i| (i.hash, i.ref_count)).collect();
+    assert_eq!(listed, sums, "the balances are the sum of the events");
+    env.check_invariants(&meta, &app_id).await?;
     Ok(())
 }
 
@@ -442,6 +555,7 @@ async fn root_ref_pages_are_stable(b: Backend) -> anyhow::Result<()> {
 
 e2e!(
     concurrent_updates_keep_their_own_revisions,
+    updates_whose_requests_go_away_are_whole_or_absent,
     root_refs,
     root_ref_pages_are_stable
 );
