@@ -65,22 +65,60 @@ fn model(applied: &BTreeMap<u64, BTreeMap<Hash, i64>>) -> BTreeMap<u64, BTreeMap
         .collect()
 }
 
-async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server).with_retry(RetryPolicy {
-        attempts: 1,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(1),
-    });
-    let sp = space("s");
-    let mut nodes = Vec::new();
-    for i in 0..NODES as u32 {
-        let (h, bytes) = leaf(&i.to_le_bytes());
-        client.ensure_node(&sp, &h, &bytes, 600_000).await?;
-        nodes.push(h);
+/// Every balance or event of Space `sp`, in every domain.
+fn all_of(sp: &cas_format::SpaceId) -> RefFilter<'_> {
+    RefFilter {
+        space: Some(sp),
+        domain: None,
+        hash: None,
     }
+}
+
+/// A server with Space `s` of App `hub` holding [`NODES`] nodes, and a client that does not
+/// retry.
+struct Partition {
+    env: TestEnv,
+    server: Server,
+    client: cas_client::AppCasClient,
+    sp: cas_format::SpaceId,
+    nodes: Vec<Hash>,
+}
+
+impl Partition {
+    async fn new(b: Backend) -> anyhow::Result<Self> {
+        let env = TestEnv::new(b).await?;
+        let app = env.create_app("hub")?;
+        let server = env.start()?;
+        let client = app.client(&server).with_retry(RetryPolicy {
+            attempts: 1,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+        });
+        let sp = space("s");
+        let mut nodes = Vec::new();
+        for i in 0..NODES as u32 {
+            let (h, bytes) = leaf(&i.to_le_bytes());
+            client.ensure_node(&sp, &h, &bytes, 600_000).await?;
+            nodes.push(h);
+        }
+        Ok(Partition {
+            env,
+            server,
+            client,
+            sp,
+            nodes,
+        })
+    }
+}
+
+async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Result<()> {
+    let Partition {
+        env,
+        server,
+        client,
+        sp,
+        nodes,
+    } = Partition::new(b).await?;
     let (stranger, _) = leaf(b"never stored");
     let commits_before = metric(&server, "unicas_commit_batch_operations_count").await?;
 
@@ -152,11 +190,7 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
     let expected = model(&applied);
     let meta = env.meta().await?;
     let app_id = "hub".parse()?;
-    let filter = RefFilter {
-        space: Some(&sp),
-        domain: None,
-        hash: None,
-    };
+    let filter = all_of(&sp);
     for (revision, counts) in &expected {
         let at: BTreeMap<Hash, i64> = meta
             .balances_at(&app_id, filter, *revision as i64, None, 100)
@@ -198,21 +232,13 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
 /// answered one is there with its own revision, revisions stay consecutive, the balances are
 /// the sum of the events, and the partition keeps serving (an update after them is answered).
 async fn updates_whose_requests_go_away_are_whole_or_absent(b: Backend) -> anyhow::Result<()> {
-    let env = TestEnv::new(b).await?;
-    let app = env.create_app("hub")?;
-    let server = env.start()?;
-    let client = app.client(&server).with_retry(RetryPolicy {
-        attempts: 1,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(1),
-    });
-    let sp = space("s");
-    let mut nodes = Vec::new();
-    for i in 0..NODES as u32 {
-        let (h, bytes) = leaf(&i.to_le_bytes());
-        client.ensure_node(&sp, &h, &bytes, 600_000).await?;
-        nodes.push(h);
-    }
+    let Partition {
+        env,
+        server: _server,
+        client,
+        sp,
+        nodes,
+    } = Partition::new(b).await?;
     let sent = |i: usize| BTreeMap::from([(nodes[i % NODES], 1), (nodes[(i + 5) % NODES], 2)]);
     let mut tasks = Vec::new();
     for i in 0..200usize {
@@ -256,11 +282,7 @@ async fn updates_whose_requests_go_away_are_whole_or_absent(b: Backend) -> anyho
 
     let meta = env.meta().await?;
     let app_id = "hub".parse()?;
-    let filter = RefFilter {
-        space: Some(&sp),
-        domain: None,
-        hash: None,
-    };
+    let filter = all_of(&sp);
     let events = meta.events(&app_id, filter, 0, i64::MAX, 1000).await?;
     let revisions: Vec<i64> = events.iter().map(|e| e.revision).collect();
     let first = revisions[0];
