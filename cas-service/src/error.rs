@@ -135,13 +135,38 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                ApiError::storage_unavailable("database unavailable", e)
-            }
-            _ => ApiError::internal("database error", e),
+        if database_unavailable(&e) {
+            ApiError::storage_unavailable("database unavailable", e)
+        } else {
+            ApiError::internal("database error", e)
         }
     }
+}
+
+/// Whether a database error says the database could not serve this request now rather than
+/// that the request went wrong: the pool or the connection failed, the server ended the
+/// session (its connection terminated, the server shutting down or not yet accepting, too many
+/// connections), or it cancelled the transaction to resolve a conflict (serialization failure,
+/// deadlock). Sent again, the same request may well succeed.
+fn database_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| unavailable_sqlstate(&c)),
+        _ => false,
+    }
+}
+
+/// The PostgreSQL SQLSTATEs of [`database_unavailable`]: connection exceptions (class 08),
+/// admin or crash shutdown and "cannot connect now" (57P01–57P03), too many connections
+/// (53300), serialization failure (40001) and deadlock (40P01). SQLite's codes are numbers
+/// below 10,000 and match none of them.
+fn unavailable_sqlstate(code: &str) -> bool {
+    code.len() == 5
+        && (code.starts_with("08")
+            || matches!(
+                code,
+                "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
+            ))
 }
 
 impl From<crate::meta::BalanceReadError> for ApiError {
@@ -161,6 +186,23 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lost connection, a shutdown, too many connections and a conflict the database
+    /// resolved by cancelling are retryable; a constraint, a syntax error, a raised exception
+    /// and every SQLite code (numbers) are not.
+    #[test]
+    fn which_database_errors_are_retryable() {
+        for code in [
+            "08006", "08003", "57P01", "57P02", "57P03", "53300", "40001", "40P01",
+        ] {
+            assert!(unavailable_sqlstate(code), "{code}");
+        }
+        for code in [
+            "23505", "42601", "P0001", "57014", "5", "517", "08", "080060",
+        ] {
+            assert!(!unavailable_sqlstate(code), "{code}");
+        }
+    }
     use crate::meta::BalanceReadError;
 
     /// A page whose cursor is too far behind is the client's to restart: 400 with what to do;

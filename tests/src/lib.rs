@@ -24,6 +24,7 @@ pub mod hub;
 mod keys;
 pub mod oidc_mock;
 pub mod openapi;
+pub mod partition;
 mod process;
 pub mod sessions;
 

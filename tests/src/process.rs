@@ -27,6 +27,15 @@ pub struct Process {
 pub type Server = Process;
 
 impl Process {
+    /// One series of the server's `/metrics` (see [`crate::metric`]).
+    pub async fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let scrape = reqwest::get(format!("{}/metrics", self.url))
+            .await?
+            .text()
+            .await?;
+        Ok(crate::metric(&scrape, series))
+    }
+
     /// Starts `cmd serve` with `extra` in its environment and waits up to `timeout` for the
     /// stdout line `<ready><url>`.
     pub fn spawn(

@@ -7,11 +7,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cas_client::{ClientError, RetryPolicy};
+use cas_client::ClientError;
 use cas_format::wire::RootRefPage;
 use cas_format::{Hash, RequestId};
-use cas_service::meta::RefFilter;
 use serde_json::json;
+use tests::partition::{NODES, Partition, all_of};
 use tests::*;
 
 const LEASE: u64 = 60_000;
@@ -19,8 +19,6 @@ const LEASE: u64 = 60_000;
 fn api_code(e: &ClientError) -> String {
     e.code().unwrap_or("none").to_string()
 }
-
-const NODES: usize = 8;
 
 /// A successful answer: revision, idempotent, and the changes that were sent.
 type Answered = (u64, bool, BTreeMap<Hash, i64>);
@@ -65,52 +63,6 @@ fn model(applied: &BTreeMap<u64, BTreeMap<Hash, i64>>) -> BTreeMap<u64, BTreeMap
         .collect()
 }
 
-/// Every balance or event of Space `sp`, in every domain.
-fn all_of(sp: &cas_format::SpaceId) -> RefFilter<'_> {
-    RefFilter {
-        space: Some(sp),
-        domain: None,
-        hash: None,
-    }
-}
-
-/// A server with Space `s` of App `hub` holding [`NODES`] nodes, and a client that does not
-/// retry.
-struct Partition {
-    env: TestEnv,
-    server: Server,
-    client: cas_client::AppCasClient,
-    sp: cas_format::SpaceId,
-    nodes: Vec<Hash>,
-}
-
-impl Partition {
-    async fn new(b: Backend) -> anyhow::Result<Self> {
-        let env = TestEnv::new(b).await?;
-        let app = env.create_app("hub")?;
-        let server = env.start()?;
-        let client = app.client(&server).with_retry(RetryPolicy {
-            attempts: 1,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(1),
-        });
-        let sp = space("s");
-        let mut nodes = Vec::new();
-        for i in 0..NODES as u32 {
-            let (h, bytes) = leaf(&i.to_le_bytes());
-            client.ensure_node(&sp, &h, &bytes, 600_000).await?;
-            nodes.push(h);
-        }
-        Ok(Partition {
-            env,
-            server,
-            client,
-            sp,
-            nodes,
-        })
-    }
-}
-
 async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Result<()> {
     let Partition {
         env,
@@ -120,7 +72,9 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
         nodes,
     } = Partition::new(b).await?;
     let (stranger, _) = leaf(b"never stored");
-    let commits_before = metric(&server, "unicas_commit_batch_operations_count").await?;
+    let commits_before = server
+        .metric("unicas_commit_batch_operations_count")
+        .await?;
 
     let mut tasks = Vec::new();
     for i in 0..UPDATES {
@@ -218,7 +172,10 @@ async fn concurrent_updates_keep_their_own_revisions(b: Backend) -> anyhow::Resu
     assert_eq!(Some(&listed), expected.values().last());
     env.check_invariants(&meta, &app_id).await?;
     // They shared commits.
-    let commits = metric(&server, "unicas_commit_batch_operations_count").await? - commits_before;
+    let commits = server
+        .metric("unicas_commit_batch_operations_count")
+        .await?
+        - commits_before;
     assert!(
         commits < applied.len() as f64,
         "{commits} commits for {} updates",
@@ -325,15 +282,6 @@ async fn updates_whose_requests_go_away_are_whole_or_absent(b: Backend) -> anyho
     assert_eq!(listed, sums, "the balances are the sum of the events");
     env.check_invariants(&meta, &app_id).await?;
     Ok(())
-}
-
-/// One value of the server's `/metrics`.
-async fn metric(server: &Server, name: &str) -> anyhow::Result<f64> {
-    let text = reqwest::get(format!("{}/metrics", server.url))
-        .await?
-        .text()
-        .await?;
-    Ok(tests::metric(&text, name))
 }
 
 async fn root_refs(b: Backend) -> anyhow::Result<()> {
