@@ -25,6 +25,7 @@ mod keys;
 pub mod oidc_mock;
 pub mod openapi;
 pub mod partition;
+pub mod pg_proxy;
 mod process;
 pub mod sessions;
 

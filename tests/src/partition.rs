@@ -8,7 +8,7 @@ use cas_client::{AppCasClient, RetryPolicy};
 use cas_format::{Hash, SpaceId};
 use cas_service::meta::RefFilter;
 
-use crate::{Backend, Server, TestEnv, leaf, space};
+use crate::{Backend, Server, TestApp, TestEnv, leaf, space};
 
 /// How many nodes the partition holds.
 pub const NODES: usize = 8;
@@ -28,6 +28,11 @@ impl Partition {
         let env = TestEnv::new(b).await?;
         let app = env.create_app("hub")?;
         let server = env.start()?;
+        Partition::on(env, &app, server).await
+    }
+
+    /// The partition of App `app` (named `hub`) on `server`, started on `env` by the caller.
+    pub async fn on(env: TestEnv, app: &TestApp, server: Server) -> anyhow::Result<Self> {
         let client = app.client(&server).with_retry(RetryPolicy {
             attempts: 1,
             initial_backoff: Duration::from_millis(1),

@@ -203,12 +203,89 @@ async fn a_refused_statement_fails_its_batch_and_nothing_else(b: Backend) -> any
     check_log(&env, &client, &sp, &sent, &answered).await
 }
 
+/// What the clients of [`until_stopped`] sent and were answered.
+#[derive(Default)]
+struct Sent {
+    /// Request id → changes, of every update sent.
+    updates: BTreeMap<String, BTreeMap<Hash, i64>>,
+    /// Request id → the revision of its 2xx answer.
+    answered: BTreeMap<String, u64>,
+    /// Updates whose 2xx answer was a replay (an earlier attempt had been applied).
+    replays: usize,
+    /// Every failed attempt: request id, status, error.
+    failures: Vec<(String, Option<u16>, String)>,
+}
+
+/// [`WORKERS`] clients sending updates until `until` is done, each update sent again (the same request
+/// id and changes) until it is answered 2xx, as a client should.
+async fn until_stopped(
+    client: &AppCasClient,
+    sp: &SpaceId,
+    nodes: &[Hash],
+    until: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<Sent> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let (client, sp, nodes, stop) = (client.clone(), sp.clone(), nodes.to_vec(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut sent = Sent::default();
+            for k in 0.. {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let (id, changes) = update_of(&nodes, w, k, false);
+                sent.updates.insert(id.clone(), changes.clone());
+                for attempt in 1.. {
+                    match client
+                        .update_root_refs(&sp, &rid(&id), changes.clone())
+                        .await
+                    {
+                        Ok(r) => {
+                            assert!(r.success);
+                            sent.replays += usize::from(r.idempotent);
+                            sent.answered.insert(id, r.revision);
+                            break;
+                        }
+                        Err(e) if attempt < 50 => {
+                            sent.failures.push((id.clone(), e.status(), e.to_string()));
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => anyhow::bail!("{id} failed {attempt} times, lastly: {e}"),
+                    }
+                }
+            }
+            anyhow::Ok(sent)
+        }));
+    }
+    let waited = until.await;
+    stop.store(true, Ordering::SeqCst);
+    let mut all = Sent::default();
+    for worker in workers {
+        let sent = worker.await??;
+        all.updates.extend(sent.updates);
+        all.answered.extend(sent.answered);
+        all.replays += sent.replays;
+        all.failures.extend(sent.failures);
+    }
+    waited?;
+    assert!(!all.failures.is_empty(), "the faults failed some updates");
+    for (id, status, e) in &all.failures {
+        assert_eq!(
+            *status,
+            Some(503),
+            "{id}: a lost connection is retryable: {e}"
+        );
+    }
+    Ok(all)
+}
+
 /// Connections to Postgres cut again and again (every connection of the test's database
 /// terminated, 15 ms apart, at least 40 times and until a batch's commit has failed) while 12
 /// clients send root-ref updates that share batches: statements, begins and commits fail for
-/// real. Each client sends each update until it is answered 2xx (the same request id and
-/// changes), as a client should: every failure on the way is answered 503, retryable, and
-/// every update ends applied exactly once, at the revision its last answer names.
+/// real. Each client sends each update until it is answered 2xx: every failure on the way is
+/// answered 503, retryable, and every update ends applied exactly once, at the revision its
+/// last answer names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cut_connections_lose_no_update_and_apply_none_twice() -> anyhow::Result<()> {
     let Partition {
@@ -218,78 +295,76 @@ async fn cut_connections_lose_no_update_and_apply_none_twice() -> anyhow::Result
         sp,
         nodes,
     } = Partition::new(Backend::POSTGRES_FS).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for w in 0..WORKERS {
-        let (client, sp, nodes, stop) = (client.clone(), sp.clone(), nodes.clone(), stop.clone());
-        workers.push(tokio::spawn(async move {
-            let (mut sent, mut answered, mut failures) = (Vec::new(), Vec::new(), Vec::new());
-            for k in 0.. {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let (id, changes) = update_of(&nodes, w, k, false);
-                sent.push((id.clone(), changes.clone()));
-                let mut attempts = 0;
-                loop {
-                    attempts += 1;
-                    match client
-                        .update_root_refs(&sp, &rid(&id), changes.clone())
-                        .await
-                    {
-                        Ok(r) => {
-                            assert!(r.success);
-                            answered.push((id, r.revision));
-                            break;
-                        }
-                        Err(e) if attempts < 50 => {
-                            failures.push((id.clone(), e.status(), e.to_string()));
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        Err(e) => anyhow::bail!("{id} failed {attempts} times, lastly: {e}"),
-                    }
-                }
-            }
-            anyhow::Ok((sent, answered, failures))
-        }));
-    }
     let killer = env.database().await?;
-    let (started, mut rounds) = (Instant::now(), 0);
-    loop {
-        tokio::time::sleep(Duration::from_millis(15)).await;
-        sqlx::query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid()",
-        )
-        .execute(&killer)
-        .await?;
-        rounds += 1;
-        if rounds >= 40 && server.metric("unicas_commit_failures_total").await? >= 1.0 {
-            break;
+    let cutting = async {
+        let (started, mut rounds) = (Instant::now(), 0);
+        loop {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .execute(&killer)
+            .await?;
+            rounds += 1;
+            if rounds >= 40 && server.metric("unicas_commit_failures_total").await? >= 1.0 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "no batch commit failed in {rounds} rounds of cut connections"
+            );
         }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(60),
-            "no batch commit failed in {rounds} rounds of cut connections"
-        );
-    }
+    };
+    let sent = until_stopped(&client, &sp, &nodes, cutting).await?;
     killer.close().await;
-    stop.store(true, Ordering::SeqCst);
-    let (mut sent, mut answered, mut failures) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
-    for worker in workers {
-        let (s, a, f) = worker.await??;
-        sent.extend(s);
-        answered.extend(a);
-        failures.extend(f);
-    }
-    assert!(!failures.is_empty(), "the cuts failed some updates");
-    for (id, status, e) in &failures {
-        assert_eq!(
-            *status,
-            Some(503),
-            "{id}: a lost connection is retryable: {e}"
-        );
-    }
-    check_log(&env, &client, &sp, &sent, &answered).await
+    check_log(&env, &client, &sp, &sent.updates, &sent.answered).await
+}
+
+/// Commits whose answers are lost (a proxy between the service and Postgres passes every
+/// fourth `COMMIT` on and closes the connection when the database answers it, at least 10
+/// times) while 12 clients send root-ref updates: the service answers 503 for a batch it
+/// cannot know to be committed, and its updates, sent again, are answered as replays of the
+/// revisions they were applied at; no update is lost or applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commits_whose_answers_are_lost_are_replayed() -> anyhow::Result<()> {
+    let env = TestEnv::new(Backend::POSTGRES_FS).await?;
+    let app = env.create_app("hub")?;
+    let database = reqwest::Url::parse(&env.vars["UNICAS_DATABASE_URL"])?;
+    let upstream = format!(
+        "{}:{}",
+        database.host_str().unwrap_or("127.0.0.1"),
+        database.port().unwrap_or(5432)
+    );
+    let proxy = tests::pg_proxy::PgProxy::start(&upstream).await?;
+    let server = env.start_with(&[("UNICAS_DATABASE_URL", &proxy.url_for(database.as_str())?)])?;
+    let Partition {
+        env,
+        server: _server,
+        client,
+        sp,
+        nodes,
+    } = Partition::on(env, &app, server).await?;
+    proxy.lose_every(4);
+    let losing = async {
+        let started = Instant::now();
+        while proxy.lost() < 10 {
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "only {} commits lost their answers",
+                proxy.lost()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    };
+    let sent = until_stopped(&client, &sp, &nodes, losing).await?;
+    proxy.lose_every(0);
+    assert!(
+        sent.replays > 0,
+        "some updates of a commit whose answer was lost were replayed"
+    );
+    check_log(&env, &client, &sp, &sent.updates, &sent.answered).await
 }
 
 e2e!(a_refused_statement_fails_its_batch_and_nothing_else);
