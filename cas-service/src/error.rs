@@ -186,6 +186,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::BalanceReadError;
 
     /// A lost connection, a shutdown, too many connections and a conflict the database
     /// resolved by cancelling are retryable; a constraint, a syntax error, a raised exception
@@ -203,7 +204,6 @@ mod tests {
             assert!(!unavailable_sqlstate(code), "{code}");
         }
     }
-    use crate::meta::BalanceReadError;
 
     /// A page whose cursor is too far behind is the client's to restart: 400 with what to do;
     /// a database failure stays a server error.
