@@ -303,15 +303,11 @@ async fn held_root_ref_state_is_checked_by_the_write(b: Backend) -> anyhow::Resu
         c1.ensure_node(&sp, h, bytes, 600_000).await?;
     }
     let rid = |s: &str| s.parse::<cas_format::RequestId>().unwrap();
-    let checked = |server: &Server, check: &str| {
-        let url = format!("{}/metrics", server.url);
+    async fn checked(server: &Server, check: &str) -> anyhow::Result<f64> {
         let series = format!("unicas_root_ref_batches_total{{check=\"{check}\"}}");
-        async move {
-            let text = reqwest::get(url).await?.text().await?;
-            let n = tests::metric(&text, &series);
-            anyhow::Ok(if n.is_nan() { 0.0 } else { n })
-        }
-    };
+        let n = server.metric(&series).await?;
+        Ok(if n.is_nan() { 0.0 } else { n })
+    }
     let update = |c: &AppCasClient, id: &str, changes: &[(Hash, i64)]| {
         let (c, id, changes) = (c.clone(), rid(id), changes.iter().copied().collect());
         let sp = sp.clone();
