@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use cas_format::{AppId, Hash, RefDomain, SpaceId};
 
 use super::root_ref_plan::{Found, Step, outcomes, plan};
-use super::root_refs::{RootRefChange, RootRefOutcome, rooted_of};
+use super::root_refs::{Prior, RootRefChange, RootRefOutcome};
 use super::{Dialect, Partition};
 
 /// Nodes one partition's memo holds at most: past it the memo starts over from what the
@@ -220,7 +220,7 @@ impl Partition {
         let Some((revision, found)) = self.memos.held(&key, batch, updates) else {
             return Ok(None);
         };
-        let rooted = rooted_of(&found);
+        let prior = Prior::of(&found);
         let (planned, steps) = plan(updates, &found.requests, found.counts, found.balances);
         let accepted = steps.len() as i64;
         if accepted == 0 {
@@ -228,7 +228,7 @@ impl Partition {
             return Ok(None);
         }
         match self
-            .write_steps(updates, &steps, &rooted, now, Some(revision))
+            .write_steps(updates, &steps, &prior, now, Some(revision))
             .await?
         {
             Some(after) => {

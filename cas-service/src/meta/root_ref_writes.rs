@@ -69,6 +69,49 @@ pub(super) fn balance_rows<'a>(
     }
 }
 
+/// Appends the next part: the update in place of the stored balances `rows` of a partition,
+/// each a (domain, hash) and its new count, found by their whole key. (An update is one write
+/// of a row where an insert that meets its row checks the key, locks the row and then writes
+/// it.)
+pub(super) fn balance_updates<'a>(
+    w: &mut Writes,
+    (app, space): (&str, &str),
+    rows: impl Iterator<Item = (&'a RefDomain, &'a Hash, i64)>,
+) {
+    let text = |s: &str| Value::Text(s.to_string());
+    let sqlite = w.dialect() == Dialect::Sqlite;
+    w.next("UPDATE root_ref_balances SET ref_count = v.column3 FROM (VALUES ");
+    for (i, (domain, hash, count)) in rows.enumerate() {
+        let key = sqlite.then(|| [text(app), text(space)]);
+        w.comma(i).tuple(
+            [
+                text(domain.as_str()),
+                Value::Bytes(hb(hash)),
+                Value::Int(count),
+            ]
+            .into_iter()
+            .chain(key.into_iter().flatten()),
+        );
+    }
+    if sqlite {
+        // The whole key from the rows, so that SQLite seeks it.
+        w.text(
+            ") AS v WHERE root_ref_balances.app_id = v.column4 \
+             AND root_ref_balances.space_id = v.column5",
+        );
+    } else {
+        w.text(") AS v WHERE root_ref_balances.app_id = ")
+            .value(text(app))
+            .text(" AND root_ref_balances.space_id = ")
+            .value(text(space));
+    }
+    w.text(
+        " AND root_ref_balances.ref_domain = v.column1 \
+         AND root_ref_balances.hash = v.column2",
+    );
+    w.guard();
+}
+
 /// Appends the event and the request row of each update of `order` (indexes into
 /// `updates`, in revision order): the k-th (1..) gets the App's new revision less
 /// `order.len()` plus k.

@@ -12,14 +12,15 @@
 //! zero: a domain's own balance may go below zero (one domain releasing what another took), and
 //! every count stays within ±(2^53 − 1).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
 
 use super::root_ref_plan::{Found, Step, outcomes, plan};
 use super::root_ref_writes::{
-    Writes, balance_rows, delete_balances, event_parts, held_revision_part, revision_part,
+    Writes, balance_rows, balance_updates, delete_balances, event_parts, held_revision_part,
+    revision_part,
 };
 use super::{Dialect, Partition, Statement, Value};
 
@@ -120,7 +121,7 @@ impl Partition {
         self.protect().await?;
         let found = self.lookups(updates).await?;
         let read = (self.dialect == Dialect::Postgres).then(|| found.clone());
-        let rooted = rooted_of(&found);
+        let prior = Prior::of(&found);
         let (planned, steps) = plan(updates, &found.requests, found.counts, found.balances);
         let accepted = steps.len() as i64;
         let base = if accepted == 0 {
@@ -128,7 +129,7 @@ impl Partition {
             0
         } else {
             let after = self
-                .write_steps(updates, &steps, &rooted, now, None)
+                .write_steps(updates, &steps, &prior, now, None)
                 .await?
                 .ok_or_else(|| {
                     sqlx::Error::Protocol("the App's revision was not returned".into())
@@ -140,8 +141,9 @@ impl Partition {
     }
 
     /// Writes the accepted steps in one round trip: the App's revision, the `rooted` flags
-    /// of the nodes whose counts went to or from zero (`rooted`: each node's flag before the
-    /// batch), the current balances, an event and a request row for each. Returns the App's
+    /// of the nodes whose counts went to or from zero, the current balances (those stored
+    /// before the batch updated in place, the others inserted), an event and a request row
+    /// for each (`prior`: what the batch was planned from). Returns the App's
     /// new revision. With `held` (Postgres; the revision the batch was planned at) it writes
     /// only if the App is still at that revision and none of the updates' request ids was
     /// used before, and returns `None` if it wrote nothing.
@@ -149,7 +151,7 @@ impl Partition {
         &mut self,
         updates: &[RootRefChange<'_>],
         steps: &[Step],
-        rooted: &BTreeMap<Hash, bool>,
+        prior: &Prior,
         now: i64,
         held: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error> {
@@ -174,7 +176,7 @@ impl Partition {
         let flips: Vec<(Hash, bool)> = finals
             .iter()
             .map(|(hash, count)| (*hash, *count > 0))
-            .filter(|(hash, now_rooted)| rooted.get(hash) != Some(now_rooted))
+            .filter(|(hash, now_rooted)| prior.rooted.get(hash) != Some(now_rooted))
             .collect();
         if !flips.is_empty() {
             w.next("").update_nodes(
@@ -186,8 +188,17 @@ impl Partition {
             );
             w.guard();
         }
-        if !kept.is_empty() {
-            let rows = kept
+        let (stored, new): (Vec<_>, Vec<_>) = kept
+            .iter()
+            .partition(|((domain, hash), _)| prior.stored.contains(&((*domain).clone(), *hash)));
+        if !stored.is_empty() {
+            let rows = stored
+                .iter()
+                .map(|((domain, hash), count)| (*domain, hash, **count));
+            balance_updates(&mut w, (app, space), rows);
+        }
+        if !new.is_empty() {
+            let rows = new
                 .iter()
                 .map(|((domain, hash), count)| (*domain, hash, **count));
             balance_rows(&mut w, (app, space), rows);
@@ -278,13 +289,30 @@ impl Partition {
     }
 }
 
-/// Whether each node the lookups found was rooted (its count above zero) before the batch.
-pub(super) fn rooted_of(found: &Found) -> BTreeMap<Hash, bool> {
-    found
-        .counts
-        .iter()
-        .map(|(h, (n, _))| (*h, *n > 0))
-        .collect()
+/// What a batch was planned from, as its writes need it.
+pub(super) struct Prior {
+    /// Whether each node the lookups found was rooted (its count above zero).
+    rooted: BTreeMap<Hash, bool>,
+    /// The (domain, hash) balances that have a row (zero balances are not stored).
+    stored: HashSet<(RefDomain, Hash)>,
+}
+
+impl Prior {
+    pub(super) fn of(found: &Found) -> Self {
+        Prior {
+            rooted: found
+                .counts
+                .iter()
+                .map(|(h, (n, _))| (*h, *n > 0))
+                .collect(),
+            stored: found
+                .balances
+                .iter()
+                .filter(|(_, balance)| **balance != 0)
+                .map(|(key, _)| key.clone())
+                .collect(),
+        }
+    }
 }
 
 /// A row of [`lookups_sql`]: kind, domain, request id, hash (hex), revision (of a request),
