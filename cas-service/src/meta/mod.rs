@@ -240,46 +240,62 @@ impl Statement {
 
     /// Appends `UPDATE nodes SET {set} FROM (VALUES …) AS v WHERE …` for `rows` of one
     /// partition, each a hash and its values, which `set` reads as `v.column2`, `v.column3`,
-    /// …. On SQLite every row also carries the partition (as its last two columns): with the
-    /// partition bound once, SQLite's planner, which has no statistics, takes scanning the
-    /// partition's nodes and probing the list for each as the cheaper plan, whose cost grows
-    /// with the partition; with the whole key in the rows it seeks each row's node. Postgres
-    /// plans the partition bound once from its statistics.
+    /// … (see [`Statement::update_keyed`]).
     pub(crate) fn update_nodes(
         &mut self,
-        (app, space): (&str, &str),
+        partition: (&str, &str),
         set: &str,
         rows: impl IntoIterator<Item = (Hash, Vec<Value>)>,
     ) -> &mut Self {
+        let rows = rows.into_iter().map(|(hash, values)| {
+            std::iter::once(Value::Bytes(hb(&hash)))
+                .chain(values)
+                .collect()
+        });
+        self.update_keyed("nodes", partition, &["hash"], set, rows)
+    }
+
+    /// Appends `UPDATE {table} SET {set} FROM (VALUES …) AS v WHERE …` for `rows` of one
+    /// partition, each the values of the key's other columns `keys` (`v.column1` …) and then
+    /// those `set` reads (the next columns). On SQLite every row also carries the partition
+    /// (as its last two columns): with the partition bound once, SQLite's planner, which has
+    /// no statistics, takes scanning the partition's rows and probing the list for each as the
+    /// cheaper plan, whose cost grows with the partition; with the whole key in the rows it
+    /// seeks each row. Postgres plans the partition bound once from its statistics.
+    pub(crate) fn update_keyed(
+        &mut self,
+        table: &str,
+        (app, space): (&str, &str),
+        keys: &[&str],
+        set: &str,
+        rows: impl IntoIterator<Item = Vec<Value>>,
+    ) -> &mut Self {
         let sqlite = self.dialect() == Dialect::Sqlite;
         let text = |s: &str| Value::Text(s.to_string());
-        self.text("UPDATE nodes SET ")
-            .text(set)
-            .text(" FROM (VALUES ");
+        self.text(&format!("UPDATE {table} SET {set} FROM (VALUES "));
         let mut width = 0;
-        for (i, (hash, values)) in rows.into_iter().enumerate() {
-            width = values.len() + 1;
+        for (i, values) in rows.into_iter().enumerate() {
+            width = values.len();
             let key = sqlite.then(|| [text(app), text(space)]);
-            self.comma(i).tuple(
-                std::iter::once(Value::Bytes(hb(&hash)))
-                    .chain(values)
-                    .chain(key.into_iter().flatten()),
-            );
+            self.comma(i)
+                .tuple(values.into_iter().chain(key.into_iter().flatten()));
         }
         if sqlite {
             self.text(&format!(
-                ") AS v WHERE nodes.hash = v.column1 AND nodes.app_id = v.column{} \
-                 AND nodes.space_id = v.column{}",
+                ") AS v WHERE {table}.app_id = v.column{} AND {table}.space_id = v.column{}",
                 width + 1,
                 width + 2
-            ))
+            ));
         } else {
-            self.text(") AS v WHERE nodes.app_id = ")
+            self.text(&format!(") AS v WHERE {table}.app_id = "))
                 .value(text(app))
-                .text(" AND nodes.space_id = ")
-                .value(text(space))
-                .text(" AND nodes.hash = v.column1")
+                .text(&format!(" AND {table}.space_id = "))
+                .value(text(space));
         }
+        for (i, column) in keys.iter().enumerate() {
+            self.text(&format!(" AND {table}.{column} = v.column{}", i + 1));
+        }
+        self
     }
 
     /// The dialect it is written in.

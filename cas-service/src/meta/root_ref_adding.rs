@@ -444,7 +444,7 @@ mod tests {
             let mut q = Statement::new(Dialect::Sqlite);
             q.text("EXPLAIN QUERY PLAN ");
             part(&mut q, ("a", "s"), &nodes);
-            let plan = super::super::root_refs::tests::plan_of(&store, q).await;
+            let plan = super::super::root_refs::tests::plan_of(&store, q.query()).await;
             for seek in seeks {
                 assert!(plan.iter().any(|s| s.contains(seek)), "{seek}: {plan:?}");
             }

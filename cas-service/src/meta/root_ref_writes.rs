@@ -75,39 +75,22 @@ pub(super) fn balance_rows<'a>(
 /// it.)
 pub(super) fn balance_updates<'a>(
     w: &mut Writes,
-    (app, space): (&str, &str),
+    partition: (&str, &str),
     rows: impl Iterator<Item = (&'a RefDomain, &'a Hash, i64)>,
 ) {
-    let text = |s: &str| Value::Text(s.to_string());
-    let sqlite = w.dialect() == Dialect::Sqlite;
-    w.next("UPDATE root_ref_balances SET ref_count = v.column3 FROM (VALUES ");
-    for (i, (domain, hash, count)) in rows.enumerate() {
-        let key = sqlite.then(|| [text(app), text(space)]);
-        w.comma(i).tuple(
-            [
-                text(domain.as_str()),
-                Value::Bytes(hb(hash)),
-                Value::Int(count),
-            ]
-            .into_iter()
-            .chain(key.into_iter().flatten()),
-        );
-    }
-    if sqlite {
-        // The whole key from the rows, so that SQLite seeks it.
-        w.text(
-            ") AS v WHERE root_ref_balances.app_id = v.column4 \
-             AND root_ref_balances.space_id = v.column5",
-        );
-    } else {
-        w.text(") AS v WHERE root_ref_balances.app_id = ")
-            .value(text(app))
-            .text(" AND root_ref_balances.space_id = ")
-            .value(text(space));
-    }
-    w.text(
-        " AND root_ref_balances.ref_domain = v.column1 \
-         AND root_ref_balances.hash = v.column2",
+    let rows = rows.map(|(domain, hash, count)| {
+        vec![
+            Value::Text(domain.as_str().to_string()),
+            Value::Bytes(hb(hash)),
+            Value::Int(count),
+        ]
+    });
+    w.next("").update_keyed(
+        "root_ref_balances",
+        partition,
+        &["ref_domain", "hash"],
+        "ref_count = v.column3",
+        rows,
     );
     w.guard();
 }

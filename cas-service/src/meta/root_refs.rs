@@ -12,7 +12,7 @@
 //! zero: a domain's own balance may go below zero (one domain releasing what another took), and
 //! every count stays within ±(2^53 − 1).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cas_format::{Hash, RefDomain, RequestId};
 use sqlx::Row;
@@ -166,7 +166,17 @@ impl Partition {
                 balances.insert((domain, r.hash), r.balance);
             }
         }
-        let (kept, zero): (Vec<_>, Vec<_>) = balances.iter().partition(|(_, count)| **count != 0);
+        // Balances gone to zero, those stored before the batch, and new ones.
+        let (mut gone, mut stored, mut new) = (Vec::new(), Vec::new(), Vec::new());
+        for (&(domain, hash), &count) in &balances {
+            if count == 0 {
+                gone.push((domain, hash));
+            } else if prior.is_stored(domain, &hash) {
+                stored.push((domain, hash, count));
+            } else {
+                new.push((domain, hash, count));
+            }
+        }
         let accepted = steps.len() as i64;
         let mut w = Writes::new(self.statement());
         match held {
@@ -188,27 +198,23 @@ impl Partition {
             );
             w.guard();
         }
-        let (stored, new): (Vec<_>, Vec<_>) = kept
-            .iter()
-            .partition(|((domain, hash), _)| prior.stored.contains(&((*domain).clone(), *hash)));
         if !stored.is_empty() {
             let rows = stored
                 .iter()
-                .map(|((domain, hash), count)| (*domain, hash, **count));
+                .map(|(domain, hash, count)| (*domain, hash, *count));
             balance_updates(&mut w, (app, space), rows);
         }
         if !new.is_empty() {
             let rows = new
                 .iter()
-                .map(|((domain, hash), count)| (*domain, hash, **count));
+                .map(|(domain, hash, count)| (*domain, hash, *count));
             balance_rows(&mut w, (app, space), rows);
             w.text(
                 " ON CONFLICT (app_id, space_id, ref_domain, hash) \
                  DO UPDATE SET ref_count = excluded.ref_count",
             );
         }
-        if !zero.is_empty() {
-            let gone: Vec<(&RefDomain, Hash)> = zero.iter().map(|((d, h), _)| (*d, *h)).collect();
+        if !gone.is_empty() {
             delete_balances(w.next(""), (app, space), &gone);
             w.guard();
         }
@@ -293,25 +299,31 @@ impl Partition {
 pub(super) struct Prior {
     /// Whether each node the lookups found was rooted (its count above zero).
     rooted: BTreeMap<Hash, bool>,
-    /// The (domain, hash) balances that have a row (zero balances are not stored).
-    stored: HashSet<(RefDomain, Hash)>,
+    /// The domains in which each node has a stored balance (zero balances are not stored).
+    stored: HashMap<Hash, Vec<RefDomain>>,
 }
 
 impl Prior {
     pub(super) fn of(found: &Found) -> Self {
-        Prior {
-            rooted: found
-                .counts
-                .iter()
-                .map(|(h, (n, _))| (*h, *n > 0))
-                .collect(),
-            stored: found
-                .balances
-                .iter()
-                .filter(|(_, balance)| **balance != 0)
-                .map(|(key, _)| key.clone())
-                .collect(),
+        let mut stored: HashMap<Hash, Vec<RefDomain>> = HashMap::new();
+        for ((domain, hash), balance) in &found.balances {
+            if *balance != 0 {
+                stored.entry(*hash).or_default().push(domain.clone());
+            }
         }
+        let rooted = found
+            .counts
+            .iter()
+            .map(|(h, (n, _))| (*h, *n > 0))
+            .collect();
+        Prior { rooted, stored }
+    }
+
+    /// Whether the balance of (`domain`, `hash`) has a row.
+    fn is_stored(&self, domain: &RefDomain, hash: &Hash) -> bool {
+        self.stored
+            .get(hash)
+            .is_some_and(|domains| domains.contains(domain))
     }
 }
 
@@ -395,8 +407,9 @@ pub(super) fn ids_of<'a>(updates: &[RootRefChange<'a>]) -> BTreeSet<&'a str> {
 pub(super) mod tests {
     use super::*;
 
-    /// Each part of a batch's lookups, the update of its nodes' flags and the deletion of
-    /// balances that reached zero seek their index by the whole key: without the domain the
+    /// Each part of a batch's lookups, the update of its nodes' flags and of its stored
+    /// balances, and the deletion of balances that reached zero seek their index by the whole
+    /// key: without the domain the
     /// lookups would read every request and every balance the partition ever had, once per
     /// batch, and an update that binds the partition once is planned on SQLite as a scan of
     /// the partition's every node.
@@ -421,20 +434,28 @@ pub(super) mod tests {
             &["a", "b", "c"].into(),
             &hashes,
         );
-        let plan = plan_of(&store, lookups).await;
+        let plan = plan_of(&store, lookups.query()).await;
         let mut explain = Statement::new(Dialect::Sqlite);
         explain.text("EXPLAIN QUERY PLAN ");
         let default = RefDomain::default();
         let keys: Vec<(&RefDomain, Hash)> = hashes.iter().map(|h| (&default, *h)).collect();
         delete_balances(&mut explain, ("app", "space"), &keys);
-        let deletion = plan_of(&store, explain).await;
+        let deletion = plan_of(&store, explain.query()).await;
         let mut explain = Statement::new(Dialect::Sqlite);
         explain.text("EXPLAIN QUERY PLAN ").update_nodes(
             ("app", "space"),
             "rooted = v.column2",
             hashes.iter().map(|h| (*h, vec![Value::Int(1)])),
         );
-        let update = plan_of(&store, explain).await;
+        let update = plan_of(&store, explain.query()).await;
+        let mut w = Writes::new(Statement::new(Dialect::Sqlite));
+        w.text("EXPLAIN QUERY PLAN ");
+        balance_updates(
+            &mut w,
+            ("app", "space"),
+            keys.iter().map(|(d, h)| (*d, h, 1)),
+        );
+        let in_place = plan_of(&store, w.finish()).await;
         for (index, seek) in [
             ("root_ref_requests", "ref_domain=? AND request_id=?"),
             ("nodes", "space_id=? AND hash=?"),
@@ -464,17 +485,22 @@ pub(super) mod tests {
                 .any(|step| step.contains("ref_domain=? AND hash=?")),
             "deletion: {deletion:?}"
         );
+        assert!(
+            in_place
+                .iter()
+                .any(|step| step.contains("app_id=? AND space_id=? AND ref_domain=? AND hash=?")),
+            "balance update: {in_place:?}"
+        );
         store.pool().close().await;
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// The steps of a statement's query plan.
+    /// The steps of a statement's query plan (`explain`: an `EXPLAIN QUERY PLAN`).
     pub(in crate::meta) async fn plan_of(
         store: &super::super::MetaStore,
-        explain: Statement,
+        explain: sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Vec<String> {
         explain
-            .query()
             .fetch_all(store.pool())
             .await
             .expect("plan")
